@@ -1,0 +1,522 @@
+"""YAML -> frozen, validated specs. Every check here runs before Spark starts.
+
+Two kinds of file:
+
+* a release spec (``conf/releases/*.yaml``): one pre-registered query; see
+  :class:`ReleaseSpec` and ``docs/config.md``;
+* an environment (``conf/envs/*.yaml``): where the data, the warehouse, the ledger and the
+  policies are; see :class:`EnvConfig`.
+
+Errors are :class:`~dp_spark.errors.ConfigError` subclasses naming the file and the field;
+they never contain data values (there are none yet: no data has been read).
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from datetime import date, timedelta
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from dp_spark.budget import Budget, PureDP, ZCDP, parse_budget, to_fraction
+from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
+from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKind
+
+METRICS = ("count", "distinct_units", "sum", "mean")
+EXHAUSTION_POLICIES = ("reject", "degrade", "return_existing")
+MODES = ("official", "exploration")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Limits against the many-segments trap (MISSION 9): one group-by column, at most this many
+# cells per release unless the spec raises it explicitly (never above the hard limit).
+DEFAULT_MAX_CELLS = 1000
+HARD_MAX_CELLS = 100_000
+
+
+def _err(source: str, field_name: str, problem: str) -> ConfigError:
+    return ConfigError(f"{source}: field '{field_name}': {problem}")
+
+
+def _require(d: Mapping[str, Any], key: str, source: str, prefix: str = "") -> Any:
+    if key not in d or d[key] is None:
+        raise _err(source, prefix + key, "is required")
+    return d[key]
+
+
+def _check_keys(d: Mapping[str, Any], allowed: set[str], source: str, prefix: str = "") -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise _err(source, prefix + unknown[0], f"unknown field (allowed: {sorted(allowed)})")
+
+
+def _mapping(value: Any, source: str, name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _err(source, name, "must be a mapping")
+    return value
+
+
+def _int(value: Any, source: str, name: str, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _err(source, name, "must be an integer")
+    if value < minimum:
+        raise _err(source, name, f"must be >= {minimum}")
+    return value
+
+
+def _column(value: Any, source: str, name: str) -> str:
+    if not isinstance(value, str) or not _COLUMN_RE.match(value):
+        raise _err(source, name, "must be a plain column name")
+    return value
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:  # the message names line and column, not data values
+        raise ConfigError(f"{p}: invalid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return data
+
+
+# --------------------------------------------------------------------------------------
+# Release specs
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PublicKeys:
+    """The declared, public set of group keys. Keys are never read from the data."""
+
+    column: str
+    kind: str  # "string" | "date"
+    values: tuple[str, ...]
+
+    def restricted_to(self, keys: tuple[str, ...]) -> "PublicKeys":
+        missing = [k for k in keys if k not in self.values]
+        if missing:
+            raise ConfigError("requested keys are outside the declared public key set")
+        return replace(self, values=tuple(keys))
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    column: str
+    lower: Fraction  # enforced (grid-aligned) bounds
+    upper: Fraction
+    declared_lower: Fraction
+    declared_upper: Fraction
+    grid_exponent: int
+
+
+@dataclass(frozen=True)
+class MeanOptions:
+    assumed_group_size: int
+    min_count: int
+
+
+@dataclass(frozen=True)
+class ExhaustionPolicy:
+    policy: str
+    fallback: Optional[str] = None  # path of the coarser spec for "degrade"
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    """A pre-registered release. Frozen; every field validated in ``from_dict``."""
+
+    name: str
+    family: str
+    description: str
+    dataset: str
+    unit: PrivacyUnit
+    neighbouring: Neighbouring
+    metric: str
+    group_by: Optional[PublicKeys]
+    value: Optional[ValueSpec]
+    bounds: ContributionBounds
+    budget_id: str
+    charge: Budget
+    mean: Optional[MeanOptions]
+    confidence: Fraction
+    on_exhausted: ExhaustionPolicy
+    columns: tuple[str, ...]
+    max_cells: int
+    source: str = field(default="<dict>", compare=False)
+
+    # -- identity ------------------------------------------------------------------------
+    def canonical(self) -> dict[str, Any]:
+        """Everything that determines the release, in a JSON-stable form."""
+        return {
+            "name": self.name,
+            "family": self.family,
+            "dataset": self.dataset,
+            "unit": {"kind": self.unit.kind.value, "column": self.unit.column},
+            "neighbouring": self.neighbouring.value,
+            "metric": self.metric,
+            "group_by": None
+            if self.group_by is None
+            else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values)},
+            "value": None
+            if self.value is None
+            else {"column": self.value.column, "lower": str(self.value.lower), "upper": str(self.value.upper),
+                  "grid_exponent": self.value.grid_exponent},
+            "bounds": bounds_to_json(self.bounds),
+            "budget_id": self.budget_id,
+            "charge": self.charge.to_json(),
+            "mean": None
+            if self.mean is None
+            else {"assumed_group_size": self.mean.assumed_group_size, "min_count": self.mean.min_count},
+            "confidence": str(self.confidence),
+            "columns": list(self.columns),
+        }
+
+    def version(self) -> str:
+        """Content hash of the canonical spec: an edited spec is a new version."""
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def cells(self) -> int:
+        return 1 if self.group_by is None else len(self.group_by.values)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return ("__all__",) if self.group_by is None else self.group_by.values
+
+    def for_keys(self, keys: tuple[str, ...], *, name_suffix: str) -> "ReleaseSpec":
+        """The same spec restricted to a subset of its public keys (e.g. one day)."""
+        if self.group_by is None:
+            raise ConfigError(f"{self.source}: this release has no group_by to restrict")
+        gb = self.group_by.restricted_to(keys)
+        l0 = min(self.bounds.max_partitions_per_unit, len(keys))
+        bounds = replace(self.bounds, max_partitions_per_unit=l0)
+        return replace(self, group_by=gb, bounds=bounds, name=f"{self.name}{name_suffix}")
+
+
+def bounds_to_json(b: ContributionBounds) -> dict[str, Any]:
+    return {
+        "max_rows_per_unit": b.max_rows_per_unit,
+        "max_partitions_per_unit": b.max_partitions_per_unit,
+        "max_rows_per_partition": b.max_rows_per_partition,
+        "lower": None if b.lower is None else str(b.lower),
+        "upper": None if b.upper is None else str(b.upper),
+    }
+
+
+def _public_keys(raw: Any, source: str) -> PublicKeys:
+    gb = _mapping(raw, source, "group_by")
+    _check_keys(gb, {"column", "public_keys"}, source, "group_by.")
+    column = _column(_require(gb, "column", source, "group_by."), source, "group_by.column")
+    pk = _mapping(_require(gb, "public_keys", source, "group_by."), source, "group_by.public_keys")
+    _check_keys(pk, {"values", "dates"}, source, "group_by.public_keys.")
+    if ("values" in pk) == ("dates" in pk):
+        raise _err(source, "group_by.public_keys", "give exactly one of 'values' or 'dates'")
+    if "values" in pk:
+        values = pk["values"]
+        if not isinstance(values, list) or not values:
+            raise _err(source, "group_by.public_keys.values", "must be a non-empty list")
+        if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values):
+            raise _err(source, "group_by.public_keys.values", "entries must be strings or integers")
+        keys = tuple(str(v) for v in values)
+        kind = "string"
+    else:
+        dates = _mapping(pk["dates"], source, "group_by.public_keys.dates")
+        _check_keys(dates, {"start", "end"}, source, "group_by.public_keys.dates.")
+        start, end = (_require(dates, k, source, "group_by.public_keys.dates.") for k in ("start", "end"))
+        try:
+            start = start if isinstance(start, date) else date.fromisoformat(str(start))
+            end = end if isinstance(end, date) else date.fromisoformat(str(end))
+        except ValueError:
+            raise _err(source, "group_by.public_keys.dates", "start and end must be ISO dates") from None
+        if end < start:
+            raise _err(source, "group_by.public_keys.dates", "end is before start")
+        keys = tuple((start + timedelta(days=i)).isoformat() for i in range((end - start).days + 1))
+        kind = "date"
+    if len(set(keys)) != len(keys):
+        raise _err(source, "group_by.public_keys", "keys must be distinct")
+    return PublicKeys(column=column, kind=kind, values=keys)
+
+
+def _grid_align(declared_lower: Fraction, declared_upper: Fraction) -> tuple[Fraction, Fraction, int]:
+    """Round the clamp bounds outward to the fixed-point grid (multiples of 2^(k+1)).
+
+    The grid exponent k depends on the public bounds only. Aligning to 2^(k+1) makes the
+    lower bound, the upper bound and their midpoint exact grid points, so the sensitivity
+    derived from the enforced bounds is exactly what the Spark path can produce.
+    """
+    from dp_spark.mechanisms.grid import grid_exponent_for
+
+    k = grid_exponent_for(declared_lower, declared_upper)
+    step = Fraction(2) ** (k + 1)
+    lower = (declared_lower / step).__floor__() * step
+    upper = (declared_upper / step).__ceil__() * step
+    return lower, upper, k
+
+
+def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> ReleaseSpec:
+    allowed = {
+        "name", "family", "description", "dataset", "privacy_unit", "neighbouring", "metric",
+        "group_by", "value", "bounds", "budget", "mean", "confidence", "on_exhausted",
+        "columns", "max_cells",
+    }
+    _check_keys(data, allowed, source)
+    name = _require(data, "name", source)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise _err(source, "name", "must be an identifier of letters, digits and '_' (max 64)")
+    family = data.get("family", name)
+    if not isinstance(family, str) or not _NAME_RE.match(family):
+        raise _err(source, "family", "must be an identifier of letters, digits and '_'")
+    description = str(data.get("description", ""))
+    dataset = _require(data, "dataset", source)
+    if not isinstance(dataset, str) or not _NAME_RE.match(dataset):
+        raise _err(source, "dataset", "must be a logical dataset name declared in the env file")
+
+    # privacy unit and neighbours: declared first, always explicit
+    pu = _mapping(_require(data, "privacy_unit", source), source, "privacy_unit")
+    _check_keys(pu, {"kind", "column"}, source, "privacy_unit.")
+    try:
+        unit = PrivacyUnit(kind=UnitKind(_require(pu, "kind", source, "privacy_unit.")),
+                           column=_column(_require(pu, "column", source, "privacy_unit."), source,
+                                          "privacy_unit.column"))
+    except ValueError:
+        raise _err(source, "privacy_unit.kind", f"must be one of {[k.value for k in UnitKind]}") from None
+    except DpSparkError as exc:
+        raise _err(source, "privacy_unit", str(exc)) from None
+    rel = data.get("neighbouring", Neighbouring.ADD_REMOVE_UNIT.value)
+    try:
+        neighbouring = Neighbouring(rel)
+    except ValueError:
+        raise _err(source, "neighbouring", f"must be one of {[n.value for n in Neighbouring]}") from None
+    if (unit.kind == UnitKind.EVENT) != (neighbouring == Neighbouring.EVENT):
+        raise _err(source, "neighbouring",
+                   "an event-level unit needs neighbouring 'event', and only an event-level unit may use it")
+
+    metric = _require(data, "metric", source)
+    if metric not in METRICS:
+        raise _err(source, "metric", f"must be one of {list(METRICS)}")
+
+    group_by = _public_keys(data["group_by"], source) if data.get("group_by") is not None else None
+    max_cells = _int(data.get("max_cells", DEFAULT_MAX_CELLS), source, "max_cells")
+    if max_cells > HARD_MAX_CELLS:
+        raise _err(source, "max_cells", f"must be <= {HARD_MAX_CELLS}")
+    n_cells = 1 if group_by is None else len(group_by.values)
+    if n_cells > max_cells:
+        raise _err(source, "group_by.public_keys",
+                   f"{n_cells} cells exceed max_cells={max_cells}: every cell shares the budget and "
+                   "sparse, high-dimensional segments are mostly noise; coarsen the keys or "
+                   "pre-register a smaller release")
+
+    # value column and clamp bounds
+    value: Optional[ValueSpec] = None
+    needs_value = metric in ("sum", "mean")
+    if needs_value:
+        v = _mapping(_require(data, "value", source), source, "value")
+        _check_keys(v, {"column", "lower", "upper"}, source, "value.")
+        column = _column(_require(v, "column", source, "value."), source, "value.column")
+        try:
+            lo = to_fraction(_require(v, "lower", source, "value."), "value.lower")
+            hi = to_fraction(_require(v, "upper", source, "value."), "value.upper")
+        except DpSparkError as exc:
+            raise _err(source, "value", str(exc)) from None
+        if lo > hi:
+            raise InvalidBoundsError(f"{source}: field 'value': lower is above upper")
+        e_lo, e_hi, k = _grid_align(lo, hi)
+        value = ValueSpec(column=column, lower=e_lo, upper=e_hi, declared_lower=lo, declared_upper=hi,
+                          grid_exponent=k)
+    elif data.get("value") is not None:
+        raise _err(source, "value", f"metric '{metric}' reads no value column")
+
+    b = _mapping(_require(data, "bounds", source), source, "bounds")
+    _check_keys(b, {"max_rows_per_unit", "max_partitions_per_unit", "max_rows_per_partition"}, source, "bounds.")
+    k_rows = _int(_require(b, "max_rows_per_unit", source, "bounds."), source, "bounds.max_rows_per_unit")
+    l0 = _int(b.get("max_partitions_per_unit", 1), source, "bounds.max_partitions_per_unit")
+    linf = b.get("max_rows_per_partition")
+    linf = None if linf is None else _int(linf, source, "bounds.max_rows_per_partition")
+    if group_by is None and l0 != 1:
+        raise _err(source, "bounds.max_partitions_per_unit", "must be 1 without group_by")
+    if group_by is not None and l0 > len(group_by.values):
+        l0 = len(group_by.values)  # a unit cannot touch more partitions than exist
+    if neighbouring == Neighbouring.EVENT and (k_rows != 1 or l0 != 1 or (linf or 1) != 1):
+        raise _err(source, "bounds", "event-level releases bound each event to one row: set all bounds to 1")
+    try:
+        bounds = ContributionBounds(
+            max_rows_per_unit=k_rows,
+            max_partitions_per_unit=l0,
+            max_rows_per_partition=linf,
+            lower=None if value is None else value.lower,
+            upper=None if value is None else value.upper,
+        )
+    except DpSparkError as exc:
+        raise _err(source, "bounds", str(exc)) from None
+
+    bud = _mapping(_require(data, "budget", source), source, "budget")
+    _check_keys(bud, {"id", "measure", "epsilon", "rho"}, source, "budget.")
+    budget_id = _require(bud, "id", source, "budget.")
+    if not isinstance(budget_id, str) or not _NAME_RE.match(budget_id):
+        raise _err(source, "budget.id", "must be an identifier")
+    measure = _require(bud, "measure", source, "budget.")
+    if measure not in ("pure_dp", "zcdp"):
+        raise _err(source, "budget.measure",
+                   "must be 'pure_dp' (discrete Laplace) or 'zcdp' (discrete Gaussian)")
+    fields = {k: bud[k] for k in ("epsilon", "rho") if k in bud}
+    try:
+        charge = parse_budget(measure, **fields)
+    except DpSparkError as exc:
+        raise _err(source, "budget", str(exc)) from None
+
+    mean: Optional[MeanOptions] = None
+    if metric == "mean":
+        m = _mapping(data.get("mean") or {}, source, "mean")
+        _check_keys(m, {"assumed_group_size", "min_count"}, source, "mean.")
+        mean = MeanOptions(
+            assumed_group_size=_int(m.get("assumed_group_size", 100), source, "mean.assumed_group_size"),
+            min_count=_int(m.get("min_count", 1), source, "mean.min_count"),
+        )
+    elif data.get("mean") is not None:
+        raise _err(source, "mean", "only a 'mean' metric takes mean options")
+
+    try:
+        confidence = to_fraction(data.get("confidence", "0.95"), "confidence")
+    except DpSparkError:
+        raise _err(source, "confidence", "must be a number") from None
+    if not (Fraction(1, 2) <= confidence < 1):
+        raise _err(source, "confidence", "must be in [0.5, 1)")
+
+    ex = data.get("on_exhausted", {"policy": "reject"})
+    if isinstance(ex, str):
+        ex = {"policy": ex}
+    ex = _mapping(ex, source, "on_exhausted")
+    _check_keys(ex, {"policy", "fallback"}, source, "on_exhausted.")
+    policy = ex.get("policy", "reject")
+    if policy not in EXHAUSTION_POLICIES:
+        raise _err(source, "on_exhausted.policy", f"must be one of {list(EXHAUSTION_POLICIES)}")
+    fallback = ex.get("fallback")
+    if policy == "degrade":
+        if not isinstance(fallback, str) or not fallback:
+            raise _err(source, "on_exhausted.fallback", "'degrade' needs the path of a coarser spec")
+    elif fallback is not None:
+        raise _err(source, "on_exhausted.fallback", "only 'degrade' takes a fallback")
+
+    needed = [unit.column]
+    if group_by is not None:
+        needed.append(group_by.column)
+    if value is not None:
+        needed.append(value.column)
+    cols = data.get("columns")
+    if cols is None:
+        columns = tuple(dict.fromkeys(needed))
+    else:
+        if not isinstance(cols, list) or not cols:
+            raise _err(source, "columns", "must be a non-empty list of column names")
+        columns = tuple(_column(c, source, "columns") for c in cols)
+        missing = [c for c in needed if c not in columns]
+        if missing:
+            raise _err(source, "columns", "must include the unit, group-by and value columns")
+    return ReleaseSpec(
+        name=name, family=family, description=description, dataset=dataset, unit=unit,
+        neighbouring=neighbouring, metric=metric, group_by=group_by, value=value, bounds=bounds,
+        budget_id=budget_id, charge=charge, mean=mean, confidence=confidence,
+        on_exhausted=ExhaustionPolicy(policy=policy, fallback=fallback), columns=columns,
+        max_cells=max_cells, source=source,
+    )
+
+
+def load_release_spec(path: str | os.PathLike) -> ReleaseSpec:
+    return release_spec_from_dict(load_yaml(path), source=str(path))
+
+
+# --------------------------------------------------------------------------------------
+# Environments
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EnvConfig:
+    """Where things live. Relative paths resolve against the env file's project root."""
+
+    name: str
+    master: Optional[str]
+    spark_conf: Mapping[str, str]
+    warehouse: Path
+    datasets: Mapping[str, str]  # logical dataset -> Delta path or table name
+    output_root: str
+    exploration_root: str
+    ledger_url: str
+    policies: Path
+    ledger_mirror: str
+    audit_mirror: str
+    salt_file: Path
+    lease_seconds: int
+    demo: Mapping[str, Any]
+    source: str = field(default="<dict>", compare=False)
+
+    def dataset_location(self, dataset: str) -> str:
+        if dataset not in self.datasets:
+            raise ConfigError(f"{self.source}: dataset '{dataset}' is not declared under 'datasets'")
+        return self.datasets[dataset]
+
+
+def _resolve(root: Path, p: str) -> str:
+    if "://" in p or p.startswith("/"):
+        return p
+    return str((root / p).resolve())
+
+
+def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optional[Path] = None) -> EnvConfig:
+    allowed = {"name", "spark", "warehouse", "datasets", "output_root", "exploration_root", "ledger_url",
+               "policies", "ledger_mirror", "audit_mirror", "salt_file", "lease_seconds", "demo"}
+    _check_keys(data, allowed, source)
+    root = root or Path.cwd()
+    name = str(_require(data, "name", source))
+    spark = _mapping(data.get("spark") or {}, source, "spark")
+    _check_keys(spark, {"master", "conf"}, source, "spark.")
+    spark_conf = {str(k): str(v) for k, v in _mapping(spark.get("conf") or {}, source, "spark.conf").items()}
+    warehouse = Path(_resolve(root, str(_require(data, "warehouse", source))))
+
+    def wpath(key: str, default: str) -> str:
+        raw = data.get(key, default)
+        if not isinstance(raw, str) or not raw:
+            raise _err(source, key, "must be a path")
+        return _resolve(root, raw.replace("{warehouse}", str(warehouse)))
+
+    datasets_raw = _mapping(_require(data, "datasets", source), source, "datasets")
+    datasets = {}
+    for k, v in datasets_raw.items():
+        if not isinstance(v, str) or not v:
+            raise _err(source, f"datasets.{k}", "must be a Delta path or table name")
+        datasets[str(k)] = _resolve(root, v.replace("{warehouse}", str(warehouse))) if "/" in v else v
+    ledger_url = str(data.get("ledger_url", f"sqlite:{warehouse}/ledger.db")).replace("{warehouse}", str(warehouse))
+    if ledger_url.startswith("sqlite:") and not ledger_url.startswith("sqlite:///"):
+        ledger_url = "sqlite:" + _resolve(root, ledger_url[len("sqlite:"):])
+    return EnvConfig(
+        name=name,
+        master=spark.get("master"),
+        spark_conf=spark_conf,
+        warehouse=warehouse,
+        datasets=datasets,
+        output_root=wpath("output_root", "{warehouse}/releases"),
+        exploration_root=wpath("exploration_root", "{warehouse}/exploration"),
+        ledger_url=ledger_url,
+        policies=Path(wpath("policies", "conf/policies/budgets.yaml")),
+        ledger_mirror=wpath("ledger_mirror", "{warehouse}/ledger_mirror"),
+        audit_mirror=wpath("audit_mirror", "{warehouse}/audit_mirror"),
+        salt_file=Path(wpath("salt_file", "{warehouse}/.bounding_salt")),
+        lease_seconds=_int(data.get("lease_seconds", 300), source, "lease_seconds"),
+        demo=_mapping(data.get("demo") or {}, source, "demo"),
+        source=source,
+    )
+
+
+def load_env(path: str | os.PathLike) -> EnvConfig:
+    p = Path(path).resolve()
+    # conf/envs/x.yaml -> project root two levels up; otherwise the file's folder.
+    root = p.parent.parent.parent if p.parent.parent.name == "conf" else p.parent
+    return env_from_dict(load_yaml(p), source=str(path), root=root)

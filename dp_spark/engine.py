@@ -1,0 +1,543 @@
+"""The way of one release through the engine, end to end.
+
+::
+
+    spec (validated) -> snapshot pin -> release_id -> ledger: committed? -> stored release
+      -> lazy Spark plan (schema checked) -> reserve budget (exactly once)
+      -> executors: bound per unit, partials per public key -> collect O(keys)
+      -> driver: noise (one draw per cell), post-processing, intervals
+      -> Delta MERGE by release_id -> ledger commit -> audit -> Delta mirror
+
+Noisy values stay in driver memory until the Delta write has committed: they are never
+logged or printed before. The log lines name stages, counts of cells and ids only.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from dp_spark import __version__
+from dp_spark.accountant import Accountant
+from dp_spark.budget import Budget, PureDP, ZCDP
+from dp_spark.config import EnvConfig, ReleaseSpec, bounds_to_json, load_release_spec
+from dp_spark.errors import (
+    BudgetExceededError,
+    ConfigError,
+    DpSparkError,
+    ReleaseConflictError,
+)
+from dp_spark.events import ComposedEvent, canonical_json
+from dp_spark.ledger import open_ledger
+from dp_spark.ledger.policy import BudgetPolicy, load_policies
+from dp_spark.mechanisms.mean import mean_from_noisy, mean_interval, optimal_mean_split
+from dp_spark.mechanisms.release import StatisticPlan, add_noise, plan_statistic
+from dp_spark.mechanisms.samplers import NoiseSource, default_source
+from dp_spark.units import Aggregate
+
+log = logging.getLogger("dp_spark.engine")
+CODE_VERSION = __version__
+
+
+# --------------------------------------------------------------------------------------
+# Result
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReleaseResult:
+    release_id: str
+    family: str
+    status: str  # published | cache_hit | healed | returned_existing | degraded
+    table_path: str
+    rows: tuple[dict[str, Any], ...]
+    charge: Optional[Budget]  # what this call spent (None when nothing was charged)
+    budget_id: str
+    budget_remaining: Optional[Budget] = None
+    note: str = ""
+
+    def values(self, statistic: str) -> dict[str, float]:
+        return {r["key"]: r["value"] for r in self.rows if r["statistic"] == statistic}
+
+
+# --------------------------------------------------------------------------------------
+# Planning (public parameters only: no data)
+# --------------------------------------------------------------------------------------
+def _share(b: Budget, frac: Fraction) -> Budget:
+    if isinstance(b, PureDP):
+        return PureDP(b.epsilon * frac)
+    if isinstance(b, ZCDP):
+        return ZCDP(b.rho * frac)
+    raise ConfigError("release charges are pure_dp or zcdp")
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    spec: ReleaseSpec
+    statistics: tuple[StatisticPlan, ...]
+    mean_split: Optional[Fraction]  # share of the budget given to the normalised sum
+
+    @property
+    def event(self) -> ComposedEvent:
+        return ComposedEvent(children=tuple(p.event for p in self.statistics))
+
+
+def plan_release(spec: ReleaseSpec) -> ReleasePlan:
+    """Sensitivities from the enforced bounds, budget split and noise scales: no data read."""
+    cells = spec.cells
+    b, rel, charge = spec.bounds, spec.neighbouring, spec.charge
+    if spec.metric == "count":
+        stats = (plan_statistic("count", Aggregate.ROW_COUNT, b, rel, charge, 0, cells),)
+        split = None
+    elif spec.metric == "distinct_units":
+        stats = (plan_statistic("distinct_units", Aggregate.DISTINCT_UNITS, b, rel, charge, 0, cells),)
+        split = None
+    elif spec.metric == "sum":
+        k = spec.value.grid_exponent
+        stats = (plan_statistic("sum", Aggregate.SUM, b, rel, charge, k, cells),)
+        split = None
+    elif spec.metric == "mean":
+        k = spec.value.grid_exponent
+        mech = "discrete_laplace" if isinstance(charge, PureDP) else "discrete_gaussian"
+        split = optimal_mean_split(b, rel, spec.mean.assumed_group_size, mech)
+        sum_share = _share(charge, split)
+        count_share = charge - sum_share
+        stats = (
+            plan_statistic("count", Aggregate.ROW_COUNT, b, rel, count_share, 0, cells),
+            plan_statistic("normalised_sum", Aggregate.NORMALISED_SUM, b, rel, sum_share, k, cells),
+        )
+    else:  # pragma: no cover - config validates the metric
+        raise ConfigError(f"unknown metric {spec.metric!r}")
+    return ReleasePlan(spec=spec, statistics=stats, mean_split=split)
+
+
+def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) -> str:
+    blob = json.dumps(
+        {"spec": spec.canonical(), "input": {"table_id": table_id, "version": version},
+         "code_version": CODE_VERSION, "mode": mode},
+        sort_keys=True, separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------------------
+# Spark part (lazy until collect)
+# --------------------------------------------------------------------------------------
+def build_partials(df, spec: ReleaseSpec, salt: str):
+    """DataFrame of partials per public key; lazy. Schema errors surface here, before any charge.
+
+    Input schema: the spec's columns. Output schema: key:string, rows:long, units:long
+    [, sum_fixed:decimal(38,0)].
+    """
+    from pyspark.sql import functions as F
+
+    from dp_spark.aggregations import compute_partials
+    from dp_spark.transforms import (
+        apply_value_policy,
+        bound_contributions,
+        clamp_to_fixed_point,
+        dedupe_unit_partition,
+        drop_null_units,
+        restrict_to_public_keys,
+        select_columns,
+    )
+
+    unit = spec.unit.column
+    key = spec.group_by.column if spec.group_by else None
+    df = select_columns(df, list(spec.columns))
+    df = drop_null_units(df, unit_col=unit)
+    if spec.value is not None:
+        df = apply_value_policy(df, value_col=spec.value.column)
+    if key is not None:
+        df = df.withColumn(key, F.col(key).cast("string"))
+        df = restrict_to_public_keys(df, key_col=key, public_keys=list(spec.group_by.values))
+    b = spec.bounds
+    if spec.metric == "distinct_units":
+        df = dedupe_unit_partition(df, unit_col=unit, partition_col=key)
+    df = bound_contributions(
+        df,
+        unit_col=unit,
+        partition_col=key,
+        max_partitions_per_unit=b.max_partitions_per_unit,
+        max_rows_per_partition=b.max_rows_per_partition or b.max_rows_per_unit,
+        max_rows_per_unit=b.max_rows_per_unit,
+        salt=salt,
+    )
+    fixed = None
+    if spec.value is not None:
+        fixed = "__dp_value_fixed"
+        df = clamp_to_fixed_point(
+            df,
+            value_col=spec.value.column,
+            lower=spec.value.lower,
+            upper=spec.value.upper,
+            frac_bits=-spec.value.grid_exponent,
+            out_col=fixed,
+        )
+    return compute_partials(df, key_col=key, unit_col=unit, fixed_col=fixed)
+
+
+# --------------------------------------------------------------------------------------
+# Driver part: noise and post-processing
+# --------------------------------------------------------------------------------------
+def _alpha(spec: ReleaseSpec) -> Fraction:
+    return 1 - spec.confidence
+
+
+def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: NoiseSource) -> list[dict[str, Any]]:
+    """One noise draw per public cell and statistic; returns cell dicts (driver memory only).
+
+    ``partials`` maps every public key (present in the data or not) to its exact partials.
+    The control flow and the number of draws depend on the spec only.
+    """
+    spec = plan.spec
+    keys = list(spec.keys)
+    alpha = _alpha(spec)
+    noisy: dict[str, list[int]] = {}
+    by_name = {p.statistic: p for p in plan.statistics}
+    for p in plan.statistics:
+        if p.statistic == "count":
+            true = [int(partials[k]["rows"]) for k in keys]
+        elif p.statistic == "distinct_units":
+            true = [int(partials[k]["units"]) for k in keys]
+        elif p.statistic == "sum":
+            true = [int(partials[k]["sum_fixed"]) for k in keys]
+        elif p.statistic == "normalised_sum":
+            k = spec.value.grid_exponent
+            mid_fixed = int((spec.value.lower + spec.value.upper) / 2 / Fraction(2) ** k)
+            true = [int(partials[key]["sum_fixed"]) - int(partials[key]["rows"]) * mid_fixed for key in keys]
+        else:  # pragma: no cover
+            raise ConfigError(f"unknown statistic {p.statistic}")
+        noisy[p.statistic] = add_noise(p, true, source)
+
+    cells: list[dict[str, Any]] = []
+
+    def grid_cell(p: StatisticPlan, stat: str, i: int, nonneg: bool) -> dict[str, Any]:
+        unit = Fraction(2) ** p.grid_exponent
+        v = noisy[p.statistic][i] * unit
+        h = p.halfwidth_grid(alpha) * unit
+        lo, hi = v - h, v + h
+        if nonneg:  # post-processing: a count is never negative
+            v, lo, hi = max(v, Fraction(0)), max(lo, Fraction(0)), max(hi, Fraction(0))
+        return {
+            "statistic": stat, "key": keys[i], "value": float(v), "ci_low": float(lo), "ci_high": float(hi),
+            "mechanism": p.mechanism, "noise_scale": float(p.scale * unit),
+            "noise_stddev": float(p.stddev_grid) * float(unit), "grid": float(unit),
+            "expected_abs_error": _expected_abs(p) * float(unit),
+        }
+
+    for i in range(len(keys)):
+        if spec.metric in ("count", "distinct_units"):
+            cells.append(grid_cell(plan.statistics[0], spec.metric, i, nonneg=True))
+        elif spec.metric == "sum":
+            cells.append(grid_cell(plan.statistics[0], "sum", i, nonneg=False))
+        else:  # mean = noisy normalised sum / max(noisy count, floor) + midpoint
+            pc, ps = by_name["count"], by_name["normalised_sum"]
+            cells.append(grid_cell(pc, "count", i, nonneg=True))
+            unit = Fraction(2) ** ps.grid_exponent
+            nsum = noisy["normalised_sum"][i] * unit
+            ncount = Fraction(noisy["count"][i])
+            mid = (spec.value.lower + spec.value.upper) / 2
+            m = mean_from_noisy(nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count)
+            lo, hi = mean_interval(
+                nsum, ncount, ps.stddev_grid * float(unit), pc.stddev_grid, mid,
+                spec.value.lower, spec.value.upper, spec.mean.min_count, alpha,
+            )
+            cells.append({
+                "statistic": "mean", "key": keys[i], "value": float(m), "ci_low": float(lo), "ci_high": float(hi),
+                "mechanism": ps.mechanism, "noise_scale": float(ps.scale * unit),
+                "noise_stddev": float(ps.stddev_grid) * float(unit) / max(float(ncount), spec.mean.min_count),
+                "grid": float(unit), "expected_abs_error": (float(hi) - float(lo)) / 2 / 1.96 * 0.7979,
+            })
+    return cells
+
+
+def _expected_abs(p: StatisticPlan) -> float:
+    """E|noise| in grid units: sqrt(2/pi) * sd for the Gaussian, the exact mean for Laplace."""
+    import math
+
+    if p.mechanism == "discrete_laplace":
+        # E|X| for the discrete Laplace with parameter t: 2 q / (1 - q^2), q = e^{-1/t}
+        q = math.exp(-1 / float(p.scale))
+        return 2 * q / (1 - q * q)
+    return math.sqrt(2 / math.pi) * float(p.stddev_grid)
+
+
+# --------------------------------------------------------------------------------------
+# Publishing
+# --------------------------------------------------------------------------------------
+def read_or_create_salt(path: Path) -> str:
+    path = Path(path)
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    salt = secrets.token_hex(32)
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, salt.encode())
+    finally:
+        os.close(fd)
+    return salt
+
+
+def current_principal(spark=None) -> str:
+    p = os.environ.get("DP_SPARK_PRINCIPAL")
+    if p:
+        return p
+    try:
+        return spark.sparkContext.sparkUser() if spark is not None else getpass.getuser()
+    except Exception:  # Spark Connect has no sparkContext
+        return getpass.getuser()
+
+
+@contextmanager
+def _stage(spark, name: str, release_id: str) -> Iterator[None]:
+    log.info("release %s: stage %s", release_id[:12], name)
+    try:
+        spark.sparkContext.setJobDescription(f"dp_spark {name} {release_id[:12]}")
+    except Exception:
+        pass  # Spark Connect: no job descriptions
+    t0 = time.monotonic()
+    yield
+    log.info("release %s: stage %s done in %.1fs", release_id[:12], name, time.monotonic() - t0)
+
+
+def _statement(spec: ReleaseSpec, policy: BudgetPolicy) -> dict[str, Optional[float]]:
+    acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
+    st = acc.statement(spec.charge)
+    return {"epsilon": float(st["epsilon"]) if st.get("epsilon") is not None else None,
+            "delta": float(st["delta"]) if st.get("delta") is not None else None}
+
+
+class Engine:
+    """Publishes release specs of one environment. Reusable across releases of a job."""
+
+    def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
+                 principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
+                 mode: str = "official"):
+        if mode not in ("official", "exploration"):
+            raise ConfigError("mode must be 'official' or 'exploration'")
+        self.env = env
+        self.policies = load_policies(env.policies)
+        if spark is None:
+            from dp_spark.spark import get_or_create_session
+
+            spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
+        self.spark = spark
+        self.ledger = ledger or open_ledger(env.ledger_url, clock=clock)
+        self.source = source or default_source()
+        self.principal = principal or current_principal(spark)
+        self.clock = clock or (lambda: datetime.now(timezone.utc))
+        self.mode = mode
+
+    # -- helpers ---------------------------------------------------------------------
+    def table_path(self, spec: ReleaseSpec) -> str:
+        root = self.env.output_root if self.mode == "official" else self.env.exploration_root
+        return f"{root}/{spec.family}"
+
+    def policy_for(self, spec: ReleaseSpec) -> BudgetPolicy:
+        if spec.budget_id not in self.policies:
+            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' is not declared in {self.env.policies}")
+        policy = self.policies[spec.budget_id]
+        if policy.measure != spec.charge.MEASURE:
+            from dp_spark.errors import MeasureMismatchError
+
+            raise MeasureMismatchError(
+                f"{spec.source}: release charges {spec.charge.MEASURE} but budget '{spec.budget_id}' "
+                f"accounts in {policy.measure}"
+            )
+        if policy.dataset != spec.dataset:
+            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' governs dataset '{policy.dataset}', "
+                              f"not '{spec.dataset}'")
+        if policy.privacy_unit != spec.unit.kind.value:
+            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' protects unit '{policy.privacy_unit}', "
+                              f"not '{spec.unit.kind.value}'")
+        return policy
+
+    def _audit(self, spec: ReleaseSpec, decision: str, release_id: Optional[str], charge: Optional[Budget],
+               detail: str = "") -> None:
+        self.ledger.append_audit(
+            principal=self.principal, action=f"publish:{self.mode}", spec_name=spec.name,
+            spec_version=spec.version(), decision=decision, release_id=release_id,
+            charge_json=None if charge is None else json.dumps(charge.to_json(), sort_keys=True),
+            detail=detail,
+        )
+
+    def _mirror(self) -> None:
+        try:
+            from dp_spark.ledger.mirror import mirror_to_delta
+
+            mirror_to_delta(self.ledger, self.spark, ledger_path=self.env.ledger_mirror,
+                            audit_path=self.env.audit_mirror)
+        except Exception as exc:  # the SQL ledger is the authority; the mirror can be refreshed later
+            log.warning("ledger mirror refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
+
+    def _stored(self, spec, release_id, path, status, note="") -> ReleaseResult:
+        from dp_spark.release.writer import read_release
+
+        rows = tuple(read_release(self.spark, path, release_id))
+        st = self.ledger.status(spec.budget_id)
+        return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,
+                             rows=rows, charge=None, budget_id=spec.budget_id, budget_remaining=st.remaining,
+                             note=note)
+
+    # -- the protocol ---------------------------------------------------------------------
+    def publish(self, spec: ReleaseSpec, *, _degraded_from: Optional[str] = None) -> ReleaseResult:
+        from dp_spark.release.writer import (
+            ensure_release_table,
+            latest_release_id,
+            pin_snapshot,
+            release_present,
+            write_release,
+        )
+
+        policy = self.policy_for(spec)
+        plan = plan_release(spec)  # every privacy parameter, before data is touched
+        charge = spec.charge
+        acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
+        cost = acc.compose([s.event for s in plan.statistics])
+        if not cost.fits_in(charge):  # calibration rounds scales up, so the cost never exceeds the charge
+            raise DpSparkError("internal: planned cost exceeds the declared charge")
+        self.ledger.register_budget(policy)
+
+        location = self.env.dataset_location(spec.dataset)
+        snapshot = pin_snapshot(self.spark, location)
+        self.ledger.bind_dataset(spec.budget_id, snapshot.table_id, spec.unit.kind.value)
+        release_id = release_id_for(spec, snapshot.table_id, snapshot.version, self.mode)
+        path = self.table_path(spec)
+
+        # 1. already released? (cache hit: no charge, no new noise)
+        entry = self.ledger.find(release_id)
+        if entry is not None and entry.state == "committed":
+            self._audit(spec, "cache_hit", release_id, None)
+            return self._stored(spec, release_id, path, "cache_hit")
+        if entry is not None and release_present(self.spark, path, release_id):
+            # crashed after the write, before the commit: heal by committing what was written
+            self.ledger.commit(release_id, entry.owner_token)
+            self._audit(spec, "healed", release_id, None)
+            self._mirror()
+            return self._stored(spec, release_id, path, "healed")
+
+        # 2. everything that can fail on schema fails now, before any charge
+        ensure_release_table(self.spark, path)
+        salt = read_or_create_salt(self.env.salt_file)
+        partials_df = build_partials(snapshot.reader(self.spark), spec, salt)
+
+        # 3. reserve (compare-and-set; exactly once)
+        owner = uuid.uuid4().hex
+        event_json = canonical_json(plan.event)
+        try:
+            reservation = self._reserve(spec, release_id, charge, event_json, owner)
+        except BudgetExceededError as exc:
+            return self._exhausted(spec, release_id, path, exc, _degraded_from)
+        if reservation is None:  # a concurrent run committed it while we waited
+            self._audit(spec, "cache_hit", release_id, None, "concurrent run won")
+            return self._stored(spec, release_id, path, "cache_hit", "a concurrent run published it")
+        if reservation.entry.state == "committed":
+            self._audit(spec, "cache_hit", release_id, None)
+            return self._stored(spec, release_id, path, "cache_hit")
+        owner = reservation.entry.owner_token
+        charged = None if reservation.reused else charge
+
+        # 4. executors: bounding and partials; only O(keys) rows come back
+        from dp_spark.aggregations import collect_partials
+
+        with _stage(self.spark, "bounding+aggregation", release_id):
+            partials = collect_partials(
+                partials_df, key_col=spec.group_by.column if spec.group_by else None,
+                public_keys=list(spec.keys), has_sum=spec.value is not None,
+            )
+        # 5. driver: noise, post-processing, intervals (values stay in memory)
+        with _stage(self.spark, "noise", release_id):
+            cells = noise_cells(plan, partials, self.source)
+        rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
+        # 6. write (atomic, insert-if-absent), then commit the reservation
+        with _stage(self.spark, "write", release_id):
+            write_release(self.spark, path, rows)
+        self.ledger.commit(release_id, owner)
+        status = "degraded" if _degraded_from else "published"
+        self._audit(spec, status, release_id, charged,
+                    f"degraded from {_degraded_from}" if _degraded_from else "")
+        self._mirror()
+        result = self._stored(spec, release_id, path, status)
+        return replace(result, charge=charged,
+                       note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
+
+    def _reserve(self, spec, release_id, charge, event_json, owner):
+        deadline = time.monotonic() + self.env.lease_seconds + 10
+        while True:
+            try:
+                return self.ledger.reserve(
+                    spec.budget_id, release_id, charge, event_json, principal=self.principal,
+                    code_version=CODE_VERSION, release_family=spec.family, owner_token=owner,
+                    lease_seconds=self.env.lease_seconds,
+                )
+            except ReleaseConflictError:
+                # another live run owns it: wait for its commit (then serve its output) or
+                # for its lease to expire (then take the reservation over, no second charge)
+                entry = self.ledger.find(release_id)
+                if entry is not None and entry.state == "committed":
+                    return None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _exhausted(self, spec, release_id, path, exc: BudgetExceededError, degraded_from):
+        from dp_spark.release.writer import latest_release_id
+
+        policy = spec.on_exhausted.policy
+        if policy == "return_existing":
+            existing = latest_release_id(self.spark, path, spec.family, exclude=release_id)
+            if existing is not None:
+                self._audit(spec, "returned_existing", existing, None, "budget exhausted")
+                return self._stored(spec, existing, path, "returned_existing",
+                                    "budget exhausted: this is the latest committed release of the family, "
+                                    "not a release of the current input")
+        if policy == "degrade" and degraded_from is None:
+            fallback = load_release_spec(Path(spec.source).parent / spec.on_exhausted.fallback)
+            self._audit(spec, "degraded", None, None, f"fallback {fallback.name}")
+            return self.publish(fallback, _degraded_from=spec.name)
+        self._audit(spec, "refused_budget", release_id, None, str(exc))
+        raise exc
+
+    def _rows(self, spec, plan, policy, release_id, snapshot, cells) -> list[dict[str, Any]]:
+        now = self.clock().replace(tzinfo=None)
+        statement = _statement(spec, policy)
+        charge = spec.charge
+        common = {
+            "release_id": release_id, "release_family": spec.family, "release_name": spec.name,
+            "spec_version": spec.version(), "mode": self.mode,
+            "key_column": spec.group_by.column if spec.group_by else None,
+            "confidence": float(spec.confidence),
+            "charge_json": json.dumps(
+                {"charge": charge.to_json(), "mean_split_to_sum": None if plan.mean_split is None
+                 else str(plan.mean_split), "event": json.loads(canonical_json(plan.event))},
+                sort_keys=True),
+            "charge_epsilon": float(charge.epsilon) if isinstance(charge, PureDP) else None,
+            "charge_rho": float(charge.rho) if isinstance(charge, ZCDP) else None,
+            "statement_epsilon": statement["epsilon"], "statement_delta": statement["delta"],
+            "budget_id": spec.budget_id,
+            "bounds_json": json.dumps(bounds_to_json(spec.bounds), sort_keys=True),
+            "privacy_unit": spec.unit.kind.value, "unit_column": spec.unit.column,
+            "neighbouring": spec.neighbouring.value,
+            "parallel_composition": spec.bounds.max_partitions_per_unit == 1 and spec.cells > 1,
+            "suppressed": False,
+            "input_table_id": snapshot.table_id, "input_version": snapshot.version,
+            "code_version": CODE_VERSION, "created_at": now,
+        }
+        return [{**common, **c} for c in cells]
+
+
+def publish(spec: ReleaseSpec, env: EnvConfig, **kwargs) -> ReleaseResult:
+    """One-shot helper: ``Engine(env, **kwargs).publish(spec)``."""
+    return Engine(env, **kwargs).publish(spec)

@@ -1,0 +1,1 @@
+"""Delta release tables (writer, reads, snapshots). Imports pyspark."""

@@ -1,0 +1,176 @@
+"""A SparkSession with Delta Lake, for jobs, notebooks and tests.
+
+:func:`get_or_create_session` never reconfigures a session somebody else owns:
+
+* a session is already active (Databricks notebook, ``pyspark`` shell, a test fixture,
+  Spark Connect) -> it is returned untouched;
+* this Python process was started by ``spark-submit`` (the JVM already runs with the
+  launcher's ``--master``/``--jars``/``--conf``) -> a session is created on that JVM; only the
+  settings the launcher left unset get our defaults, ``spark.master`` and ``spark.jars`` are
+  never overridden (pass ``--jars $(python -c 'from dp_spark.spark import delta_jar_paths;
+  print(",".join(delta_jar_paths()))')`` to ``spark-submit``);
+* otherwise a new session is built: ``local[2]`` unless ``master`` says otherwise, the Delta
+  jars from ``$DP_SPARK_JARS_DIR`` or ``<repo>/.jars`` (``make jars`` fills it; Ivy /
+  ``spark.jars.packages`` is not used), the Delta SQL extension and catalog, UTC session time
+  zone and small-machine settings for local masters.
+
+``extra_conf`` is applied last and wins over the defaults (e.g. ``spark.driver.memory``, which
+only takes effect when this call starts the JVM).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+from dp_spark.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_MASTER",
+    "JARS_DIR_ENV",
+    "delta_jar_paths",
+    "get_or_create_session",
+    "jars_dir",
+]
+
+DEFAULT_MASTER = "local[2]"
+JARS_DIR_ENV = "DP_SPARK_JARS_DIR"
+
+_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+# Applied to every session this module creates (unless already set by a launcher).
+_COMMON_DEFAULTS: dict[str, str] = {
+    "spark.sql.extensions": _DELTA_EXTENSION,
+    "spark.sql.catalog.spark_catalog": _DELTA_CATALOG,
+    "spark.sql.session.timeZone": "UTC",
+}
+
+# Only for local[*] masters: a laptop / CI runner with a couple of cores.
+_LOCAL_DEFAULTS: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+
+
+def jars_dir() -> Path:
+    """The directory holding the Delta jars: ``$DP_SPARK_JARS_DIR`` or ``<repo root>/.jars``.
+
+    The repo root is the parent directory of the ``dp_spark`` package.
+    """
+    configured = os.environ.get(JARS_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return Path(__file__).resolve().parent.parent / ".jars"
+
+
+def delta_jar_paths() -> list[str]:
+    """Absolute paths of every jar in :func:`jars_dir`, sorted (for ``spark-submit --jars``).
+
+    Raises :class:`~dp_spark.errors.ConfigError` when the directory is missing or holds no
+    ``delta-spark`` jar.
+    """
+    directory = jars_dir()
+    if not directory.is_dir():
+        raise ConfigError(
+            f"Delta jar directory {str(directory)!r} does not exist; run `make jars` "
+            f"(or set {JARS_DIR_ENV} to a directory holding the delta-spark jars)"
+        )
+    jars = sorted(str(p) for p in directory.iterdir() if p.is_file() and p.suffix == ".jar")
+    if not any(Path(j).name.startswith("delta-spark") for j in jars):
+        raise ConfigError(
+            f"no delta-spark jar in {str(directory)!r}; run `make jars` "
+            f"(or set {JARS_DIR_ENV} to a directory holding the delta-spark jars)"
+        )
+    return jars
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
+
+
+def _existing_session() -> SparkSession | None:
+    """A session somebody else created, or None. Never creates a JVM."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    default = getattr(SparkSession, "_instantiatedSession", None)
+    if default is not None and getattr(getattr(default, "_sc", None), "_jsc", None) is not None:
+        return default
+    # Spark Connect: the server owns the configuration; the builder only connects.
+    if "SPARK_REMOTE" in os.environ or "SPARK_CONNECT_MODE_ENABLED" in os.environ:
+        return SparkSession.builder.getOrCreate()
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pyspark-connect only distribution
+        return None
+    if SparkContext._active_spark_context is not None:
+        # A SparkContext without a session: wrap it, do not reconfigure it.
+        return SparkSession.builder.getOrCreate()
+    return None
+
+
+def get_or_create_session(
+    app_name: str = "dp_spark",
+    *,
+    master: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Return the active SparkSession, or build one configured for Delta Lake.
+
+    Parameters
+    ----------
+    app_name:
+        Application name of a newly built session (ignored for an existing one).
+    master:
+        Master URL of a newly built session; default ``local[2]``. Ignored when a session
+        exists or when ``spark-submit`` already chose the master.
+    extra_conf:
+        Extra Spark settings, applied after (and overriding) the defaults of a new session.
+
+    Raises
+    ------
+    ConfigError
+        When a session must be built here and no ``delta-spark`` jar can be found.
+    """
+    existing = _existing_session()
+    if existing is not None:
+        return existing
+
+    extra = {str(k): str(v) for k, v in (extra_conf or {}).items()}
+    builder = SparkSession.builder.appName(app_name)
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Launched by spark-submit: the JVM runs with the launcher's conf (loaded from the
+        # JVM system properties by SparkConf()). Fill in only what it left unset.
+        launcher_conf = SparkConf()
+        resolved_master = launcher_conf.get("spark.master", DEFAULT_MASTER) or DEFAULT_MASTER
+        defaults = dict(_COMMON_DEFAULTS)
+        if _is_local(resolved_master):
+            defaults.update(_LOCAL_DEFAULTS)
+        for key, value in defaults.items():
+            if not launcher_conf.contains(key):
+                builder = builder.config(key, value)
+        for key, value in extra.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+
+    resolved_master = master or DEFAULT_MASTER
+    conf: dict[str, str] = {"spark.master": resolved_master, **_COMMON_DEFAULTS}
+    conf["spark.jars"] = ",".join(delta_jar_paths())
+    if _is_local(resolved_master):
+        conf.update(_LOCAL_DEFAULTS)
+        # Loopback unless the user pinned an address: no DNS, no firewall prompts.
+        local_ip = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        conf["spark.driver.host"] = local_ip
+        conf["spark.driver.bindAddress"] = local_ip
+    conf.update(extra)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,574 @@
+"""Data minimisation, special-value policies and contribution bounding, on Spark DataFrames.
+
+Every function here is pure: ``f(df, *, params) -> DataFrame``. None of them reads a global
+SparkSession, collects data or raises an error whose occurrence depends on data values: all
+checks look only at the schema and at the parameters, so they run before any Spark job.
+Temporary columns are named ``__dp_*``; input columns with that prefix are refused.
+
+The usual pipeline, each step stating its schema::
+
+    df                                   # any schema
+    select_columns(df, [...], unit_col=u, key_cols=[k], value_col=v)
+                                         # (u, k, v) in that order, types checked
+    drop_null_units(.., unit_col=u)      # same schema; u is never null
+    apply_value_policy(.., value_col=v)  # same schema; v is never null/NaN, no -0.0
+    restrict_to_public_keys(.., key_col=k, public_keys=K)
+                                         # same schema; k in K
+    bound_contributions(.., unit_col=u, partition_col=k, L0, Linf, K, salt)
+                                         # same schema; <= L0 keys, <= Linf rows per key
+                                         # and <= K rows per unit
+    clamp_to_fixed_point(.., value_col=v, lower, upper, frac_bits, out_col=f)
+                                         # + f: long, round(clamp(v) * 2^frac_bits)
+
+Policies (one place, every code path):
+
+* null privacy-unit ids: rows dropped (:func:`drop_null_units`);
+* null and NaN values: rows dropped (:func:`apply_value_policy`);
+* +inf / -inf values: kept, clamped to the bounds (:func:`clamp_to_fixed_point`);
+* -0.0: becomes 0.0; subnormals are kept (fixed point rounds them to 0);
+* group keys: only declared public keys are kept (:func:`restrict_to_public_keys`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dp_spark.errors import ConfigError, InvalidBoundsError, SchemaError
+
+__all__ = [
+    "MAX_FIXED_POINT_MAGNITUDE",
+    "TEMP_PREFIX",
+    "apply_value_policy",
+    "bound_contributions",
+    "clamp_to_fixed_point",
+    "dedupe_unit_partition",
+    "drop_null_units",
+    "restrict_to_public_keys",
+    "select_columns",
+    "validate_public_keys",
+]
+
+#: Prefix of every temporary column this package adds; input columns may not use it.
+TEMP_PREFIX = "__dp_"
+
+#: Largest allowed |bound| * 2^frac_bits: doubles represent every integer up to 2^53 exactly,
+#: so clamped fixed-point values are exact and a long sum of 2^11 of them cannot wrap.
+MAX_FIXED_POINT_MAGNITUDE = 2**52
+
+_MAX_ROW_BOUND = 2**31 - 1  # row_number() / dense_rank() are 32-bit integers
+
+_INTEGRAL_RANGES: dict[type, tuple[int, int]] = {
+    T.ByteType: (-(2**7), 2**7 - 1),
+    T.ShortType: (-(2**15), 2**15 - 1),
+    T.IntegerType: (-(2**31), 2**31 - 1),
+    T.LongType: (-(2**63), 2**63 - 1),
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _col(name: str) -> Column:
+    """A top-level column by exact name (dots and backticks in names are quoted)."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _field(df: DataFrame, name: str, *, role: str) -> T.StructField:
+    """The schema field called exactly ``name``; SchemaError naming the column otherwise."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{role} column name must be a non-empty string")
+    matches = [f for f in df.schema.fields if f.name == name]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise SchemaError(f"{role} column {name!r} is ambiguous: the input has it {len(matches)} times")
+    hint = [f.name for f in df.schema.fields if f.name.lower() == name.lower()]
+    suffix = f" (did you mean {hint[0]!r}? names are case-sensitive)" if hint else ""
+    raise SchemaError(f"{role} column {name!r} is missing from the input{suffix}")
+
+
+def _check_no_temp_columns(df: DataFrame) -> None:
+    clashing = [f.name for f in df.schema.fields if f.name.startswith(TEMP_PREFIX)]
+    if clashing:
+        raise SchemaError(
+            f"input columns {clashing!r} use the reserved prefix {TEMP_PREFIX!r}; rename them"
+        )
+
+
+def _is_unit_type(dt: T.DataType) -> bool:
+    return isinstance(dt, T.AtomicType) and not isinstance(dt, (T.VariantType, T.SpatialType))
+
+
+def _is_key_type(dt: T.DataType) -> bool:
+    return isinstance(dt, (T.StringType, T.CharType, T.VarcharType, T.DateType, T.IntegralType))
+
+
+def _is_identity_type(dt: T.DataType) -> bool:
+    """Types that xxhash64 can hash and that can be sorted (row identity, tie-breaks)."""
+    if isinstance(dt, T.ArrayType):
+        return _is_identity_type(dt.elementType)
+    if isinstance(dt, T.StructType):
+        return all(_is_identity_type(f.dataType) for f in dt.fields)
+    return isinstance(dt, T.NullType) or _is_unit_type(dt)
+
+
+def _check_bound(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidBoundsError(f"{name} must be an int, got {type(value).__name__}")
+    if not 1 <= value <= _MAX_ROW_BOUND:
+        raise InvalidBoundsError(f"{name} must be in [1, {_MAX_ROW_BOUND}], got {value}")
+    return value
+
+
+def _type_name(dt: T.DataType) -> str:
+    return dt.simpleString()
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def select_columns(
+    df: DataFrame,
+    columns: Sequence[str],
+    *,
+    unit_col: str | None = None,
+    key_cols: Sequence[str] = (),
+    value_col: str | None = None,
+) -> DataFrame:
+    """Data minimisation: keep exactly ``columns`` (in that order) and check their types.
+
+    ``unit_col``, ``key_cols`` and ``value_col`` name the role of some of ``columns`` and must
+    be members of it. Type rules:
+
+    * unit column: any non-complex type (string, numeric, date, timestamp, binary, ...);
+    * key columns: string, date or integral (byte/short/int/long);
+    * value column: numeric (integral, float, double or decimal).
+
+    Columns of ``columns`` without a role are kept unchecked (they must exist). Names are
+    matched exactly (case-sensitive), whatever ``spark.sql.caseSensitive`` says.
+
+    Raises
+    ------
+    ConfigError
+        ``columns`` is empty, has duplicates, or a role names a column outside it.
+    SchemaError
+        A column is missing, ambiguous, has a reserved ``__dp_`` name or a wrong type. The
+        message names the column and types, never data values.
+
+    Privacy contract
+    ----------------
+    Not a DP mechanism; it bounds *what* reaches the engine (data minimisation). Columns not
+    selected never reach later steps, the row identity hash or any output.
+    """
+    if isinstance(columns, str):
+        raise ConfigError("columns must be a sequence of column names, not one string")
+    columns = list(columns)
+    if not columns:
+        raise ConfigError("columns must name at least one column")
+    if len(set(columns)) != len(columns):
+        raise ConfigError("columns contains duplicate names")
+    key_cols = [key_cols] if isinstance(key_cols, str) else list(key_cols)
+    roles: list[tuple[str, str]] = []
+    if unit_col is not None:
+        roles.append(("unit", unit_col))
+    roles.extend(("key", k) for k in key_cols)
+    if value_col is not None:
+        roles.append(("value", value_col))
+    for role, name in roles:
+        if name not in columns:
+            raise ConfigError(f"{role} column {name!r} is not among the selected columns")
+    role_names = [name for _, name in roles]
+    if len(set(role_names)) != len(role_names):
+        raise ConfigError("one column cannot play two roles (unit, key, value)")
+
+    fields = {name: _field(df, name, role="selected") for name in columns}
+    for name in columns:
+        if name.startswith(TEMP_PREFIX):
+            raise SchemaError(f"column {name!r} uses the reserved prefix {TEMP_PREFIX!r}")
+    for role, name in roles:
+        dt = fields[name].dataType
+        if role == "unit" and not _is_unit_type(dt):
+            raise SchemaError(
+                f"unit column {name!r} has type {_type_name(dt)}; a privacy-unit id must be a "
+                "non-complex type (string, number, date, timestamp, binary)"
+            )
+        if role == "key" and not _is_key_type(dt):
+            raise SchemaError(
+                f"key column {name!r} has type {_type_name(dt)}; group keys must be string, "
+                "date or integer"
+            )
+        if role == "value" and not isinstance(dt, T.NumericType):
+            raise SchemaError(
+                f"value column {name!r} has type {_type_name(dt)}; a value column must be numeric"
+            )
+    return df.select(*[_col(name) for name in columns])
+
+
+# --------------------------------------------------------------------------- null / special values
+
+
+def drop_null_units(df: DataFrame, *, unit_col: str) -> DataFrame:
+    """Drop every row whose privacy-unit id is null. Schema unchanged.
+
+    Privacy contract
+    ----------------
+    Policy: a row with a null unit id cannot be attributed to any unit, so it is removed
+    before bounding. (Treating all null ids as one unit would also be bounded -- and
+    :func:`bound_contributions` does exactly that if this step is skipped -- but dropping is
+    simpler and safe: neighbouring datasets differ in the rows of one *attributed* unit, and
+    no number of null-id rows can enter any aggregate.) Only SQL NULL is dropped; other
+    sentinel ids (``""``, ``"unknown"``, NaN for a float id) are each an ordinary unit, bounded
+    like any other. Adding or removing one unit changes this step's output by exactly that
+    unit's rows, so it adds no sensitivity.
+    """
+    _field(df, unit_col, role="unit")
+    # schema: unchanged; unit_col IS NOT NULL
+    return df.where(_col(unit_col).isNotNull())
+
+
+def apply_value_policy(df: DataFrame, *, value_col: str) -> DataFrame:
+    """Apply the special-value policy to a numeric value column. Schema unchanged.
+
+    * null and NaN: the row is dropped (a value that does not exist contributes no row to a
+      count or a sum of that value, whichever aggregate is computed);
+    * +inf / -inf: kept; :func:`clamp_to_fixed_point` maps them to the upper / lower bound;
+    * -0.0: becomes +0.0, so that no later step (hashing, sorting, formatting) can tell them
+      apart;
+    * subnormals: kept (the fixed-point conversion rounds them to 0).
+
+    Integral and decimal columns can only be null (dropped).
+
+    Privacy contract
+    ----------------
+    A row-wise filter/map: each output row depends on one input row only, so the step adds no
+    sensitivity; the bounds enforced later hold for whatever survives. The same function is
+    used on every code path so that a neighbour made only of NaN/inf rows is treated exactly
+    like on the main path.
+    """
+    field = _field(df, value_col, role="value")
+    dt = field.dataType
+    if not isinstance(dt, T.NumericType):
+        raise SchemaError(f"value column {value_col!r} has type {_type_name(dt)}; it must be numeric")
+    v = _col(value_col)
+    if isinstance(dt, (T.FloatType, T.DoubleType)):
+        zero = F.lit(0.0).cast(dt)
+        # schema: unchanged; value_col not null, not NaN, never -0.0
+        return df.where(v.isNotNull() & ~F.isnan(v)).withColumn(
+            value_col, F.when(v == zero, zero).otherwise(v)
+        )
+    # schema: unchanged; value_col not null
+    return df.where(v.isNotNull())
+
+
+# --------------------------------------------------------------------------- public keys
+
+
+def validate_public_keys(public_keys: Iterable[Any], dtype: T.DataType, *, key_col: str) -> list[Any]:
+    """Check a declared public key set against the key column's type; return it de-duplicated.
+
+    Strings for string columns, ``datetime.date`` (not ``datetime``) for date columns, ``int``
+    (not ``bool``, within the column's range) for integral columns. The key set must be
+    non-empty and may not contain None. Order of first appearance is kept.
+    """
+    if isinstance(public_keys, (str, bytes)):
+        raise ConfigError(f"public keys of {key_col!r} must be a collection of keys, not one string")
+    if public_keys is None:
+        raise ConfigError(f"public keys of {key_col!r} must be declared")
+    keys = list(public_keys)
+    if not keys:
+        raise ConfigError(f"the public key set of {key_col!r} is empty")
+    if isinstance(dtype, (T.StringType, T.CharType, T.VarcharType)):
+        ok = lambda k: isinstance(k, str)  # noqa: E731
+        expected = "str"
+    elif isinstance(dtype, T.DateType):
+        ok = lambda k: isinstance(k, _dt.date) and not isinstance(k, _dt.datetime)  # noqa: E731
+        expected = "datetime.date"
+    elif isinstance(dtype, T.IntegralType):
+        lo, hi = _INTEGRAL_RANGES[type(dtype)]
+        ok = lambda k: isinstance(k, int) and not isinstance(k, bool) and lo <= k <= hi  # noqa: E731
+        expected = f"int in [{lo}, {hi}]"
+    else:
+        raise SchemaError(
+            f"key column {key_col!r} has type {_type_name(dtype)}; group keys must be string, "
+            "date or integer"
+        )
+    bad = [i for i, k in enumerate(keys) if not ok(k)]
+    if bad:
+        raise ConfigError(
+            f"public keys of {key_col!r} ({_type_name(dtype)}) must be {expected}; "
+            f"{len(bad)} declared key(s) are not (first at position {bad[0]})"
+        )
+    return list(dict.fromkeys(keys))
+
+
+def restrict_to_public_keys(df: DataFrame, *, key_col: str, public_keys: Iterable[Any]) -> DataFrame:
+    """Keep only rows whose ``key_col`` is in the declared public key set. Schema unchanged.
+
+    Works for string, date and integral keys (see :func:`validate_public_keys`). Rows with a
+    null key, or a key outside the set, are dropped.
+
+    Privacy contract
+    ----------------
+    The key set is public (declared in the spec, never read from the data), so the set of
+    released cells reveals nothing about membership (RELIABILITY 17). Run it *before*
+    :func:`bound_contributions`, so that a unit's L0 budget of partitions is spent on public
+    keys only (a unit with rows in non-public keys would otherwise waste its L0 slots and be
+    under-counted, a bias, not a privacy leak). A row-wise filter: no added sensitivity.
+    """
+    field = _field(df, key_col, role="key")
+    keys = validate_public_keys(public_keys, field.dataType, key_col=key_col)
+    # schema: unchanged; key_col IN public_keys (never null)
+    return df.where(_col(key_col).isin(keys))
+
+
+# --------------------------------------------------------------------------- bounding
+
+
+def bound_contributions(
+    df: DataFrame,
+    *,
+    unit_col: str,
+    partition_col: str | None,
+    max_partitions_per_unit: int | None,
+    max_rows_per_partition: int | None,
+    max_rows_per_unit: int | None,
+    salt: str,
+) -> DataFrame:
+    """Enforce the contribution bounds of every privacy unit. Output schema = input schema.
+
+    In this order:
+
+    1. L0 = ``max_partitions_per_unit``: each unit keeps its rows in at most L0 distinct
+       values of ``partition_col``, those with the smallest keyed priority
+       ``xxhash64(salt, "partition", unit, partition)`` (ties broken by the key itself):
+       ``dense_rank() <= L0``;
+    2. Linf = ``max_rows_per_partition``: at most Linf rows per (unit, partition):
+       ``row_number() <= Linf``;
+    3. K = ``max_rows_per_unit``: at most K rows per unit overall: ``row_number() <= K``.
+
+    Within a unit, rows are ranked by ``xxhash64(salt, "row", <all columns of the row>)``, ties
+    broken by the columns themselves, so the selection is a deterministic function of the data
+    and the salt: it is the same with 1 or 200 input partitions, after a task retry and on a
+    recomputation. Only byte-identical rows can tie, and which copy is kept makes no
+    difference. For a salt unknown to whoever chose the data, bottom-K by a hash priority is a
+    uniform sample without replacement of the unit's distinct rows (no bias towards early
+    events, small ids, ...). ``F.rand()`` is never used.
+
+    Steps 1 and 2 commute (which partitions a unit keeps does not depend on its rows), so the
+    order only matters for K. Spark plans each ``rank <= n`` filter as a ``WindowGroupLimit``;
+    the first one runs partially before the shuffle, so a unit with 10^6 rows ships only the
+    rows of its locally top-L0 partitions (the optimiser does this for limits up to
+    ``spark.sql.optimizer.windowGroupLimitThreshold``, 1000 by default; above that the result
+    is the same, only slower).
+
+    With ``partition_col=None`` there is one partition per unit: L0 is irrelevant and the unit
+    keeps ``min(K, Linf)`` rows (whichever are given). A bound given as None is not enforced;
+    at least one row bound must be given (K, or Linf with a partition column and L0).
+
+    Null unit ids, if still present, form one unit and are bounded like any other (see
+    :func:`drop_null_units`). Every column must be hashable and sortable: drop map, variant
+    and spatial columns with :func:`select_columns` first.
+
+    Privacy contract
+    ----------------
+    Unit: ``unit_col``. Enforced bounds, per unit: at most L0 partitions, at most Linf rows in
+    each, at most K rows overall (and at most L0 * Linf). Each unit's selection depends only
+    on that unit's rows and the salt, so adding/removing one unit leaves every other unit's
+    rows unchanged and changes the output by at most min(K, L0 * Linf) rows, in at most L0
+    partitions, at most Linf of them in any one partition. These are the bounds from which
+    :mod:`dp_spark.units` derives sensitivities (count: L1 = min(K, L0*Linf), per-partition
+    Linf; sums: times max(|L|, |U|) after clamping). The salt only hides which rows are kept;
+    DP does not rely on it being secret, but it should be a secret, per-release value.
+    """
+    if not isinstance(salt, str) or not salt:
+        raise ConfigError("salt must be a non-empty string")
+    l0 = None if max_partitions_per_unit is None else _check_bound(
+        "max_partitions_per_unit", max_partitions_per_unit
+    )
+    linf = None if max_rows_per_partition is None else _check_bound(
+        "max_rows_per_partition", max_rows_per_partition
+    )
+    k = None if max_rows_per_unit is None else _check_bound("max_rows_per_unit", max_rows_per_unit)
+    if partition_col is not None and k is None and (l0 is None or linf is None):
+        raise InvalidBoundsError(
+            "contributions are unbounded: give max_rows_per_unit, or both "
+            "max_partitions_per_unit and max_rows_per_partition"
+        )
+    if partition_col is None and k is None and linf is None:
+        raise InvalidBoundsError(
+            "contributions are unbounded: give max_rows_per_unit (no partition column)"
+        )
+
+    _check_no_temp_columns(df)
+    _field(df, unit_col, role="unit")
+    if partition_col is not None:
+        _field(df, partition_col, role="partition")
+        if partition_col == unit_col:
+            raise ConfigError("partition_col must differ from unit_col")
+    for f in df.schema.fields:
+        if not _is_identity_type(f.dataType):
+            raise SchemaError(
+                f"column {f.name!r} has type {_type_name(f.dataType)}, which cannot be hashed "
+                "or sorted for row priority; drop it with select_columns first"
+            )
+
+    original = [f.name for f in df.schema.fields]
+    unit = _col(unit_col)
+    row_prio = "__dp_row_prio"
+    tie_break = [_col(c).asc_nulls_first() for c in original]
+    # schema: input + __dp_row_prio: long
+    out = df.withColumn(
+        row_prio, F.xxhash64(F.lit(salt), F.lit("row"), *[_col(c) for c in original])
+    )
+    row_order = [F.col(row_prio).asc(), *tie_break]
+
+    if partition_col is None:
+        limit = min(b for b in (k, linf) if b is not None)
+        w = Window.partitionBy(unit).orderBy(*row_order)
+        # schema: input + __dp_row_prio + __dp_rank_unit: int, then filtered
+        out = out.withColumn("__dp_rank_unit", F.row_number().over(w)).where(
+            F.col("__dp_rank_unit") <= limit
+        )
+        return out.select(*[_col(c) for c in original])
+
+    part = _col(partition_col)
+    if l0 is not None:
+        part_prio = "__dp_part_prio"
+        # schema: + __dp_part_prio: long
+        out = out.withColumn(
+            part_prio, F.xxhash64(F.lit(salt), F.lit("partition"), unit, part)
+        )
+        w0 = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first())
+        # schema: + __dp_rank_part: int; keep the unit's L0 partitions of smallest priority
+        out = out.withColumn("__dp_rank_part", F.dense_rank().over(w0)).where(
+            F.col("__dp_rank_part") <= l0
+        )
+    if linf is not None:
+        w1 = Window.partitionBy(unit, part).orderBy(*row_order)
+        # schema: + __dp_rank_cell: int; at most Linf rows per (unit, partition)
+        out = out.withColumn("__dp_rank_cell", F.row_number().over(w1)).where(
+            F.col("__dp_rank_cell") <= linf
+        )
+    max_left = None if (l0 is None or linf is None) else l0 * linf
+    if k is not None and (max_left is None or k < max_left):
+        w2 = Window.partitionBy(unit).orderBy(*row_order)
+        # schema: + __dp_rank_unit: int; at most K rows per unit
+        out = out.withColumn("__dp_rank_unit", F.row_number().over(w2)).where(
+            F.col("__dp_rank_unit") <= k
+        )
+    # schema: input schema (temporary columns dropped)
+    return out.select(*[_col(c) for c in original])
+
+
+def dedupe_unit_partition(df: DataFrame, *, unit_col: str, partition_col: str | None) -> DataFrame:
+    """One row per distinct (unit, partition): the input of distinct-unit counts.
+
+    Output schema: ``(unit_col, partition_col)`` with their input types, or ``(unit_col,)``
+    when ``partition_col`` is None.
+
+    Privacy contract
+    ----------------
+    After :func:`bound_contributions` (L0), each unit has at most one row in each of at most
+    L0 partitions, so a count of rows per partition of this output is a distinct-unit count
+    with per-partition sensitivity 1 and L1 sensitivity L0 (L2 sqrt(L0)). Deduplication alone
+    does not bound L0: bound first.
+    """
+    _field(df, unit_col, role="unit")
+    cols = [unit_col]
+    if partition_col is not None:
+        _field(df, partition_col, role="partition")
+        if partition_col == unit_col:
+            raise ConfigError("partition_col must differ from unit_col")
+        cols.append(partition_col)
+    # schema: (unit_col[, partition_col]); distinct
+    return df.select(*[_col(c) for c in cols]).distinct()
+
+
+# --------------------------------------------------------------------------- clamping
+
+
+def _check_fixed_point_params(lower: Any, upper: Any, frac_bits: Any) -> tuple[float, float, int]:
+    for name, b in (("lower", lower), ("upper", upper)):
+        if isinstance(b, bool) or not isinstance(b, (int, float)):
+            raise InvalidBoundsError(f"clamp bound {name} must be a real number")
+        if isinstance(b, float) and not math.isfinite(b):
+            raise InvalidBoundsError(f"clamp bound {name} must be finite")
+    if isinstance(frac_bits, bool) or not isinstance(frac_bits, int) or not 0 <= frac_bits <= 52:
+        raise InvalidBoundsError("frac_bits must be an int in [0, 52]")
+    lo, hi = float(lower), float(upper)
+    if lo != lower or hi != upper:
+        raise InvalidBoundsError("clamp bounds must be exactly representable as doubles")
+    if not lo <= hi:
+        raise InvalidBoundsError("clamp bounds are inverted: lower must be <= upper")
+    if max(abs(lo), abs(hi)) * 2.0**frac_bits > MAX_FIXED_POINT_MAGNITUDE:
+        raise InvalidBoundsError(
+            "max(|lower|, |upper|) * 2^frac_bits exceeds 2^52: lower the bounds or frac_bits"
+        )
+    return lo + 0.0, hi + 0.0, frac_bits  # + 0.0 turns -0.0 into 0.0
+
+
+def clamp_to_fixed_point(
+    df: DataFrame,
+    *,
+    value_col: str,
+    lower: float,
+    upper: float,
+    frac_bits: int,
+    out_col: str,
+) -> DataFrame:
+    """Clamp ``value_col`` to [lower, upper] and write ``round(v * 2^frac_bits)`` as a long.
+
+    Output schema: input schema plus ``out_col: long`` (or ``value_col`` replaced when
+    ``out_col == value_col``). The value is read as a double (exact for every |v| <= 2^53 and
+    for all floats; larger integers and decimals only matter through their clamp), clamped,
+    multiplied by 2^frac_bits (exact) and rounded half away from zero. Because every row's
+    fixed-point value is an exact function of that row alone, a sum of them is an integer sum
+    that does not depend on partitioning or order (RELIABILITY 7).
+
+    +inf/-inf (and any value near 2^63, or beyond) clamp to the bounds: no overflow, no wrap,
+    no exception, with ``spark.sql.ansi.enabled`` true or false (RELIABILITY 8). Null and NaN
+    should have been dropped by :func:`apply_value_policy`; if not, they give a null
+    ``out_col`` (no contribution to a sum) rather than an imputed bound.
+
+    Bounds are checked here too (finite, lower <= upper, frac_bits in [0, 52],
+    max(|L|, |U|) * 2^frac_bits <= 2^52), raising InvalidBoundsError before any data is read.
+
+    Privacy contract
+    ----------------
+    Row-wise: |out_col| <= max(|L|, |U|) * 2^frac_bits for every row. With the bounds of
+    :func:`bound_contributions`, one unit changes a per-partition sum of ``out_col`` by at most
+    Linf * max(|L|, |U|) * 2^f and the L1 total by at most min(K, L0*Linf) * max(|L|, |U|) * 2^f
+    (add/remove); (U - L) applies only to replace-one with a public size.
+    """
+    lo, hi, f = _check_fixed_point_params(lower, upper, frac_bits)
+    field = _field(df, value_col, role="value")
+    if not isinstance(field.dataType, T.NumericType):
+        raise SchemaError(
+            f"value column {value_col!r} has type {_type_name(field.dataType)}; it must be numeric"
+        )
+    if not isinstance(out_col, str) or not out_col:
+        raise ConfigError("out_col must be a non-empty string")
+    if out_col.startswith(TEMP_PREFIX):
+        raise ConfigError(f"out_col may not use the reserved prefix {TEMP_PREFIX!r}")
+    if out_col != value_col and out_col in df.columns:
+        raise SchemaError(f"output column {out_col!r} already exists in the input")
+
+    # Cast to double never fails (ANSI or not) for numeric types; decimals beyond 2^53 round,
+    # then clamp. Comparisons, not arithmetic, on the raw value: nothing can overflow.
+    v = _col(value_col).cast(T.DoubleType())
+    lo_lit, hi_lit = F.lit(lo).cast(T.DoubleType()), F.lit(hi).cast(T.DoubleType())
+    clamped = F.when(v < lo_lit, lo_lit).when(v > hi_lit, hi_lit).otherwise(v)
+    # |clamped * 2^f| <= 2^52: exact in double, round() is exact, the long cast cannot overflow.
+    fixed = F.round(clamped * F.lit(float(2**f)), 0).cast(T.LongType())
+    # v IS NULL or NaN -> NULL. (NaN compares greater than every double in Spark, so without
+    # this guard it would silently become `upper`.)
+    result = F.when(v.isNull() | F.isnan(v), F.lit(None).cast(T.LongType())).otherwise(fixed)
+    # schema: input + out_col: long (nullable)
+    return df.withColumn(out_col, result)

@@ -1,0 +1,17 @@
+"""spark-submit entry point: publish pre-registered DP releases.
+
+    spark-submit jobs/publish_release.py --env conf/envs/local.yaml \
+        --conf conf/releases/dau_daily.yaml [--conf ...] [--date 2026-11-30]
+
+Thin: arguments -> config -> engine (dp_spark.cli.publish_main).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source checkout without install
+
+from dp_spark.cli import publish_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(publish_main(sys.argv[1:]))
