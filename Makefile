@@ -27,7 +27,7 @@ jars: .jars/.resolved
 # README command 1: set up, generate the demo data, publish the DAU trend and the AOV
 # per region on the embedded default (local Spark, local Delta warehouse, SQLite ledger).
 demo: setup
-	$(PY) jobs/generate_demo_data.py --env conf/envs/local.yaml
+	$(VENV)/bin/dp-spark generate-demo --env conf/envs/local.yaml
 	$(PY) jobs/publish_release.py --env conf/envs/local.yaml \
 	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml
 

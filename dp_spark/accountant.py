@@ -121,19 +121,20 @@ class Accountant:
     def statement(self, total: Budget) -> dict[str, Any]:
         """The (epsilon, delta) statement of a total spend.
 
-        Keys: ``measure``; the exact total (``epsilon`` / ``rho`` / ``delta`` as strings);
-        ``epsilon_float`` and ``delta_float`` for display. For zcdp, ``epsilon_float`` is
-        OpenDP's conversion of rho at the stated delta (via
-        ``dp_spark.mechanisms.calibration.zcdp_to_approx_epsilon``), an upper bound.
+        Keys: ``measure``; ``epsilon`` and ``delta`` as floats (for display and the release
+        metadata); the exact amounts as strings: ``epsilon_exact``/``delta_exact`` (pure and
+        approx), ``rho_exact``/``delta_exact`` (zcdp). For zcdp, ``epsilon`` is OpenDP's
+        conversion of rho at the stated delta
+        (``dp_spark.mechanisms.calibration.zcdp_to_approx_epsilon``), a valid upper bound.
         """
         self._own(total, "total")
         out: dict[str, Any] = {"measure": self.measure}
         if self.measure == "pure_dp":
-            out.update(epsilon=str(total.epsilon), delta="0",
-                       epsilon_float=float(total.epsilon), delta_float=0.0)
+            out.update(epsilon=float(total.epsilon), delta=0.0,
+                       epsilon_exact=str(total.epsilon), delta_exact="0")
         elif self.measure == "approx_dp":
-            out.update(epsilon=str(total.epsilon), delta=str(total.delta),
-                       epsilon_float=float(total.epsilon), delta_float=float(total.delta))
+            out.update(epsilon=float(total.epsilon), delta=float(total.delta),
+                       epsilon_exact=str(total.epsilon), delta_exact=str(total.delta))
         else:
             if self.statement_delta is None:
                 raise ConfigError("a zcdp accountant needs statement_delta for an (epsilon, delta) statement")
@@ -142,8 +143,8 @@ class Accountant:
             else:
                 from dp_spark.mechanisms.calibration import zcdp_to_approx_epsilon
                 eps = float(zcdp_to_approx_epsilon(total.rho, self.statement_delta))
-            out.update(rho=str(total.rho), delta=str(self.statement_delta),
-                       epsilon_float=eps, delta_float=float(self.statement_delta))
+            out.update(epsilon=eps, delta=float(self.statement_delta),
+                       rho_exact=str(total.rho), delta_exact=str(self.statement_delta))
         return out
 
 

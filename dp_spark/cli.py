@@ -55,6 +55,43 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def generate_demo_main(argv: Optional[Sequence[str]] = None) -> int:
+    """Write the env's demo dataset unless it exists (a rewrite is a new input snapshot,
+    so the next publish would be a new release and charge the budget again)."""
+    p = argparse.ArgumentParser(prog="dp-spark generate-demo")
+    p.add_argument("--env", default=DEFAULT_ENV)
+    p.add_argument("--force", action="store_true", help="overwrite an existing demo table")
+    args = p.parse_args(argv)
+    from datetime import date as _date
+
+    from dp_spark.config import load_env
+
+    try:
+        env = load_env(args.env)
+        demo = dict(env.demo)
+        dataset = str(demo.get("dataset", "demo_events"))
+        out = env.dataset_location(dataset)
+        from dp_spark.demo_data import generate_events
+        from dp_spark.release.writer import table_exists
+        from dp_spark.spark import get_or_create_session
+
+        spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
+        if table_exists(spark, out) and not args.force:
+            print(f"demo data already at {out} (use --force to regenerate)")
+            return 0
+        start = demo.get("start_date", _date(2026, 11, 1))
+        start = start if isinstance(start, _date) else _date.fromisoformat(str(start))
+        events = generate_events(spark, n_users=int(demo.get("users", 20000)), days=int(demo.get("days", 30)),
+                                 start_date=start, seed=int(demo.get("seed", 7)))
+        events.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(out)
+        n = spark.read.format("delta").load(out).count()
+        print(f"demo data: {n} events written to {out}")
+    except DpSparkError as exc:
+        print(f"dp-spark: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -68,10 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return budget_command(rest)
     if cmd == "generate-demo":
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
-        from dp_spark.demo_data import main as demo_main
-
-        return demo_main(rest)
+        return generate_demo_main(rest)
     print(f"dp-spark: unknown command {cmd!r}", file=sys.stderr)
     return 2
 

@@ -1,0 +1,113 @@
+"""Full dp_spark release vs plain Spark of the same metrics, side by side in one run.
+
+    .venv/bin/python benchmarks/release_vs_plain.py [--sizes 2000000,20000000] [--reps 3]
+
+(a) plain Spark: read the Delta input, truncate each user to K rows with a window,
+    groupBy region: distinct users, sum and mean of clamped order values, collect.
+(b) dp_spark: the AOV-per-region release (bounding to K rows and L0 = 1 region per user,
+    clamping, fixed-point partials, noise on the driver, ledger charge, Delta MERGE write).
+
+Each repetition rebuilds its DataFrames from the Delta table (no reuse of shuffle files) and
+(b) publishes a new release (a new spec name, so a new release id and a real charge).
+Prints per size: median seconds of (a) and (b), the ratio b/a, and the driver's peak RSS;
+then the 20M/2M time ratio. Targets (issue 4): b/a <= 1.3, 20M/2M <= 11, flat driver memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+import yaml  # noqa: E402
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="2000000,20000000", help="rows per dataset, comma separated")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from dp_spark.config import env_from_dict, load_release_spec, release_spec_from_dict
+    from dp_spark.demo_data import generate_events
+    from dp_spark.engine import Engine
+    from dp_spark.spark import get_or_create_session
+
+    spark = get_or_create_session(master="local[2]", extra_conf={"spark.driver.memory": "8g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="dp_bench_"))
+    aov = yaml.safe_load((ROOT / "conf/releases/aov_by_region.yaml").read_text())
+    K, lo, hi = aov["bounds"]["max_rows_per_unit"], aov["value"]["lower"], aov["value"]["upper"]
+    policies = work / "budgets.yaml"
+    policies.write_text(yaml.safe_dump({"budgets": [{
+        "id": "bench", "dataset": "bench_events", "privacy_unit": "user", "measure": "zcdp",
+        "cap": {"rho": 1000}, "statement_delta": 1e-7, "window": {"type": "none"},
+        "max_per_release": {"rho": 1}}]}))
+
+    results = {}
+    for n in sizes:
+        users = max(1, n // 20)  # the generator makes about 20 rows per user
+        data = work / f"events_{n}"
+        if not (data / "_delta_log").exists():
+            t0 = time.monotonic()
+            generate_events(spark, n_users=users, days=30, start_date=date(2026, 11, 1), seed=3).write.format("delta").mode("overwrite").save(str(data))
+            print(f"generated {n:,} rows in {time.monotonic() - t0:.0f}s", flush=True)
+        env = env_from_dict({"name": "bench", "warehouse": str(work / f"wh_{n}"),
+                             "datasets": {"bench_events": str(data)}, "policies": str(policies)},
+                            source="bench", root=work)
+        eng = Engine(env, spark=spark)
+
+        def plain():
+            df = spark.read.format("delta").load(str(data)).where(F.col("user_id").isNotNull())
+            w = Window.partitionBy("user_id").orderBy("event_id")
+            df = df.withColumn("rn", F.row_number().over(w)).where(F.col("rn") <= K)
+            v = F.least(F.greatest(F.col("order_value"), F.lit(lo)), F.lit(hi))
+            return df.groupBy("region").agg(F.countDistinct("user_id"), F.sum(v), F.avg(v)).collect()
+
+        def dp(i):
+            d = dict(aov, name=f"aov_bench_{i}", family="aov_bench", dataset="bench_events",
+                     budget={"id": "bench", "measure": "zcdp", "rho": 0.01})
+            spec = release_spec_from_dict(d, source="bench")
+            return eng.publish(spec)
+
+        plain()  # warm-up both paths once (JIT, Delta log cache)
+        dp(-1)
+        ta, tb = [], []
+        for i in range(args.reps):
+            t0 = time.monotonic(); plain(); ta.append(time.monotonic() - t0)
+            t0 = time.monotonic(); dp(i); tb.append(time.monotonic() - t0)
+        a, b = statistics.median(ta), statistics.median(tb)
+        results[n] = (a, b)
+        print(f"rows={n:,} users={users:,}: plain {a:.2f}s  dp_spark {b:.2f}s  ratio b/a={b / a:.2f}  "
+              f"driver peak RSS {_rss_mb():.0f} MB", flush=True)
+    if len(sizes) >= 2:
+        small, big = sizes[0], sizes[-1]
+        print(f"time ratio {big:,}/{small:,} rows: plain {results[big][0] / results[small][0]:.2f}  "
+              f"dp_spark {results[big][1] / results[small][1]:.2f}")
+    for n, (a, b) in results.items():
+        print(f"TARGET b/a <= 1.3 at {n:,}: {'PASS' if b / a <= 1.3 else 'FAIL'} ({b / a:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

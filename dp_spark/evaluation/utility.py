@@ -1,0 +1,379 @@
+"""Utility evaluation on synthetic or held-out data: error, coverage, error by group size, bias.
+
+EXPLORATION ONLY. This module reads *true* values (exact partials and the unbounded truth) and
+reports errors against them; its outputs are not differentially private and are marked
+``publishable: False``. Run it on synthetic or held-out evaluation data, never to decide what
+to publish from the production data itself.
+
+How it works (fast: noise only)::
+
+    exact partials {key: {rows, units[, sum_fixed]}}   (once: Spark, or built synthetically)
+      -> repeat R times: engine.noise_cells(plan, partials, source)   (the engine's own noise,
+         post-processing and intervals, exactly as a release would compute them)
+      -> per statistic and key: RMSE, mean absolute error (absolute and relative), coverage
+         of the published intervals, the noise/post-processing bias, and the bias from
+         clipping and truncation = bounded truth - unbounded truth
+      -> by group-size bucket, and a summary dict
+
+Two truths:
+
+* the **bounded truth** is what the engine aggregates after enforcing its bounds (K rows per
+  unit, L0 partitions, values clamped to [L, U] on the fixed-point grid): it is computed from
+  the exact partials. Noise is centred on it and the intervals cover it;
+* the **unbounded truth** is the plain aggregate of the raw rows (no K, no clamp), passed by
+  the caller (e.g. :func:`unbounded_truth`, a plain Spark aggregation). The difference between
+  the two is the bias from clipping and truncation; no interval covers it, so it is measured
+  here and reported beside the variance.
+
+``trend_differences`` (at the end) is different: it is post-processing of *published* rows
+(day-over-day changes of a trend and their intervals), publishable like the rows themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from dataclasses import dataclass
+from fractions import Fraction
+from statistics import NormalDist
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dp_spark.config import ReleaseSpec
+from dp_spark.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "evaluate",
+    "bounded_truth",
+    "exact_partials",
+    "unbounded_truth",
+    "trend_differences",
+]
+
+DEFAULT_BUCKETS: tuple[float, ...] = (0, 10, 100, 1_000, 10_000, math.inf)
+NOT_PUBLISHABLE_NOTE = (
+    "exploration output: computed from true values of evaluation data; not differentially "
+    "private, not publishable"
+)
+
+
+# --------------------------------------------------------------------------------------
+# Truths
+# --------------------------------------------------------------------------------------
+def _statistics_of(spec: ReleaseSpec) -> tuple[str, ...]:
+    """The statistics a release of ``spec`` publishes per key (as in the release table)."""
+    return ("count", "mean") if spec.metric == "mean" else (spec.metric,)
+
+
+def bounded_truth(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Optional[float]]]:
+    """{statistic: {key: value}} of the bounded, clamped data, from the exact partials.
+
+    The mean of an empty cell is None (no true mean exists).
+    """
+    out: dict[str, dict[str, Optional[float]]] = {s: {} for s in _statistics_of(spec)}
+    unit = Fraction(2) ** spec.value.grid_exponent if spec.value is not None else None
+    for key in spec.keys:
+        p = partials[key]
+        rows = int(p["rows"])
+        if spec.metric == "count" or spec.metric == "mean":
+            out["count"][key] = float(rows)
+        if spec.metric == "distinct_units":
+            out["distinct_units"][key] = float(int(p["units"]))
+        if spec.metric in ("sum", "mean"):
+            s = int(p["sum_fixed"]) * unit
+            if spec.metric == "sum":
+                out["sum"][key] = float(s)
+            else:
+                out["mean"][key] = float(s / rows) if rows > 0 else None
+    return out
+
+
+def _unbounded_by_stat(spec: ReleaseSpec, unbounded: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Optional[float]]]:
+    """Normalise the caller's unbounded truth to {statistic: {key: value}}.
+
+    ``unbounded`` maps key -> {"rows", "units", "sum"} (raw aggregates, as returned by
+    :func:`unbounded_truth`) or key -> {statistic: value}.
+    """
+    out: dict[str, dict[str, Optional[float]]] = {s: {} for s in _statistics_of(spec)}
+    for key in spec.keys:
+        raw = unbounded.get(key, {})
+        rows = raw.get("rows", raw.get("count"))
+        for stat in out:
+            if stat in raw:
+                v = raw[stat]
+            elif stat == "count":
+                v = rows
+            elif stat == "distinct_units":
+                v = raw.get("units")
+            elif stat == "sum":
+                v = raw.get("sum")
+            else:  # mean
+                v = (raw["sum"] / rows) if raw.get("sum") is not None and rows else None
+            out[stat][key] = None if v is None else float(v)
+    return out
+
+
+def exact_partials(df, spec: ReleaseSpec, *, salt: Optional[str] = None) -> dict[str, dict[str, int]]:
+    """Exact partials of ``df`` for ``spec`` through the engine's own bounding (Spark).
+
+    The evaluation salt is a throwaway random one unless given: which K rows are kept changes,
+    the distribution of what is kept does not. Returns driver-memory exact values: exploration
+    only, never log or publish them.
+    """
+    from dp_spark.aggregations import collect_partials
+    from dp_spark.engine import build_partials
+
+    salt = salt or secrets.token_hex(32)
+    pdf = build_partials(df, spec, salt)
+    return collect_partials(pdf, key_col=spec.group_by.column if spec.group_by else None,
+                            public_keys=list(spec.keys), has_sum=spec.value is not None)
+
+
+def unbounded_truth(df, spec: ReleaseSpec) -> dict[str, dict[str, Any]]:
+    """Raw aggregates per public key with no contribution bound and no clamp (Spark).
+
+    key -> {"rows", "units"[, "sum"]}: rows and distinct units with a non-null unit id among
+    the public keys; the sum of the non-null, non-NaN values. Exploration only.
+    """
+    from pyspark.sql import functions as F
+
+    unit = spec.unit.column
+    d = df.where(F.col(unit).isNotNull())
+    if spec.group_by is not None:
+        key = spec.group_by.column
+        d = d.withColumn("__dp_key", F.col(key).cast("string")).where(F.col("__dp_key").isin(list(spec.keys)))
+    else:
+        d = d.withColumn("__dp_key", F.lit("__all__"))
+    aggs = [F.count(F.lit(1)).alias("rows"), F.countDistinct(F.col(unit)).alias("units")]
+    if spec.value is not None:
+        v = F.col(spec.value.column).cast("double")
+        aggs.append(F.sum(F.when(v.isNotNull() & ~F.isnan(v), v)).alias("sum"))
+    got = {r["__dp_key"]: r.asDict() for r in d.groupBy("__dp_key").agg(*aggs).collect()}
+    out: dict[str, dict[str, Any]] = {}
+    for k in spec.keys:
+        r = got.get(k)
+        out[k] = {"rows": int(r["rows"]) if r else 0, "units": int(r["units"]) if r else 0}
+        if spec.value is not None:
+            out[k]["sum"] = float(r["sum"] or 0.0) if r else 0.0
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The evaluation
+# --------------------------------------------------------------------------------------
+def _source(seed: Optional[int]):
+    from dp_spark.mechanisms.samplers import SeededNoiseSource, default_source
+
+    return SeededNoiseSource(seed) if seed is not None else default_source()
+
+
+def _bucket_label(edges: Sequence[float], size: float) -> str:
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        if lo <= size < hi:
+            hi_txt = "inf" if math.isinf(hi) else f"{int(hi):,}"
+            return f"[{int(lo):,}, {hi_txt})"
+    return "other"
+
+
+def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, repeats: int = 1000,
+             seed: Optional[int] = None, unbounded: Optional[Mapping[str, Mapping[str, Any]]] = None,
+             buckets: Sequence[float] = DEFAULT_BUCKETS, plan=None, source=None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Repeat the release's noise ``repeats`` times over fixed exact partials and measure it.
+
+    * ``partials``: key -> {"rows", "units"[, "sum_fixed"]} for every public key of the spec
+      (see :func:`exact_partials`, or build them synthetically);
+    * ``unbounded``: optional unbounded truth per key (see :func:`unbounded_truth`); without
+      it the clipping/truncation bias columns are NaN;
+    * ``seed``: a test seed (``SeededNoiseSource``, needs DP_SPARK_TEST_MODE=1); None uses
+      the production sampler (no seed, not reproducible);
+    * ``plan``: a :class:`~dp_spark.engine.ReleasePlan` to evaluate instead of the engine's
+      (e.g. another budget split); default ``plan_release(spec)``.
+
+    Returns ``(frame, summary)``. ``frame`` has one row per (statistic, key) with: group_size,
+    bucket, true_bounded, true_unbounded, clipping_bias (bounded - unbounded, the reported
+    bias), mean_estimate, noise_bias (mean_estimate - bounded), measured_bias (mean_estimate -
+    unbounded), rmse and mean_abs_error (against the bounded truth: the noise), rmse_total and
+    mean_abs_error_total (against the unbounded truth: noise and bias), rel_rmse,
+    rel_mean_abs_error, rel_rmse_total, coverage (the intervals cover the bounded truth),
+    coverage_unbounded, mean_halfwidth, reported_expected_abs_error, repeats, publishable.
+    ``summary`` pools them per statistic and per group-size bucket; ``publishable`` is False.
+    """
+    from dp_spark.engine import noise_cells, plan_release
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError("repeats must be an integer >= 1")
+    missing = [k for k in spec.keys if k not in partials]
+    if missing:
+        raise ConfigError("partials must hold every public key of the spec")
+    edges = tuple(float(b) for b in buckets)
+    if len(edges) < 2 or any(b >= a for a, b in zip(edges[1:], edges[:-1])) or edges[0] > 0:
+        raise ConfigError("buckets must be increasing edges starting at or below 0")
+    plan = plan or plan_release(spec)
+    source = source or _source(seed)
+    stats = _statistics_of(spec)
+    keys = list(spec.keys)
+    idx = {k: i for i, k in enumerate(keys)}
+    vals = {s: np.full((repeats, len(keys)), np.nan) for s in stats}
+    lows = {s: np.full((repeats, len(keys)), np.nan) for s in stats}
+    highs = {s: np.full((repeats, len(keys)), np.nan) for s in stats}
+    reported = {s: np.zeros(len(keys)) for s in stats}
+    for r in range(repeats):
+        for c in noise_cells(plan, partials, source):
+            s, i = c["statistic"], idx[c["key"]]
+            vals[s][r, i] = c["value"]
+            lows[s][r, i] = c["ci_low"]
+            highs[s][r, i] = c["ci_high"]
+            reported[s][i] += c["expected_abs_error"] / repeats
+
+    bounded = bounded_truth(spec, partials)
+    unb = _unbounded_by_stat(spec, unbounded) if unbounded is not None else None
+    records: list[dict[str, Any]] = []
+    for s in stats:
+        for k in keys:
+            i = idx[k]
+            p = partials[k]
+            size = int(p["units"]) if s == "distinct_units" else int(p["rows"])
+            tb = bounded[s][k]
+            tu = None if unb is None else unb[s][k]
+            v, lo, hi = vals[s][:, i], lows[s][:, i], highs[s][:, i]
+            rec: dict[str, Any] = {
+                "release": spec.name, "statistic": s, "key": k, "group_size": size,
+                "bucket": _bucket_label(edges, size), "true_bounded": _nan(tb), "true_unbounded": _nan(tu),
+                "clipping_bias": _nan(None if tb is None or tu is None else tb - tu),
+                "mean_estimate": float(np.mean(v)), "estimate_sd": float(np.std(v, ddof=1)) if repeats > 1 else 0.0,
+                "mean_halfwidth": float(np.mean((hi - lo) / 2)),
+                "reported_expected_abs_error": float(reported[s][i]),
+                "repeats": repeats, "publishable": False,
+            }
+            rec.update(_errors(v, lo, hi, tb, "", with_coverage=True))
+            rec.update(_errors(v, lo, hi, tu, "_total", with_coverage=True))
+            rec["noise_bias"] = _nan(None if tb is None else rec["mean_estimate"] - tb)
+            rec["measured_bias"] = _nan(None if tu is None else rec["mean_estimate"] - tu)
+            rec["coverage_unbounded"] = rec.pop("coverage_total")
+            records.append(rec)
+    frame = pd.DataFrame.from_records(records)
+    frame.attrs["publishable"] = False
+    frame.attrs["note"] = NOT_PUBLISHABLE_NOTE
+    summary = _summary(spec, plan, frame, vals, lows, highs, bounded, stats, keys, repeats, seed, source)
+    return frame, summary
+
+
+def _nan(x: Optional[float]) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _errors(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, truth: Optional[float], suffix: str,
+            *, with_coverage: bool) -> dict[str, float]:
+    names = ("rmse", "mean_abs_error", "rel_rmse", "rel_mean_abs_error") + (("coverage",) if with_coverage else ())
+    if truth is None:
+        return {f"{n}{suffix}": math.nan for n in names}
+    e = v - truth
+    rmse = float(np.sqrt(np.mean(e * e)))
+    mae = float(np.mean(np.abs(e)))
+    denom = abs(truth)
+    out = {
+        f"rmse{suffix}": rmse,
+        f"mean_abs_error{suffix}": mae,
+        f"rel_rmse{suffix}": rmse / denom if denom > 0 else math.inf,
+        f"rel_mean_abs_error{suffix}": mae / denom if denom > 0 else math.inf,
+    }
+    if with_coverage:
+        out[f"coverage{suffix}"] = float(np.mean((lo <= truth) & (truth <= hi)))
+    return out
+
+
+def _summary(spec, plan, frame: pd.DataFrame, vals, lows, highs, bounded, stats, keys, repeats, seed, source) -> dict[str, Any]:
+    per_stat: dict[str, Any] = {}
+    for s in stats:
+        f = frame[frame["statistic"] == s]
+        # pooled coverage over every (repeat, key) whose bounded truth exists
+        ok = [i for i, k in enumerate(keys) if bounded[s][k] is not None]
+        truth = np.array([bounded[s][keys[i]] for i in ok], dtype=float)
+        cov = float(np.mean((lows[s][:, ok] <= truth) & (truth <= highs[s][:, ok]))) if ok else math.nan
+        finite_rel = f["rel_rmse"][np.isfinite(f["rel_rmse"])]
+        per_stat[s] = {
+            "cells": int(len(f)),
+            "coverage": cov,
+            "confidence": float(spec.confidence),
+            "rmse_mean": float(f["rmse"].mean()),
+            "mean_abs_error_mean": float(f["mean_abs_error"].mean()),
+            "rel_rmse_median": float(finite_rel.median()) if len(finite_rel) else math.nan,
+            "clipping_bias_mean": float(f["clipping_bias"].mean()),
+            "clipping_bias_abs_max": float(f["clipping_bias"].abs().max()),
+            "measured_bias_mean": float(f["measured_bias"].mean()),
+            "rmse_total_mean": float(f["rmse_total"].mean()),
+        }
+    by_bucket = (
+        frame.groupby(["statistic", "bucket"], sort=False)
+        .agg(cells=("key", "count"), group_size_median=("group_size", "median"), rmse=("rmse", "mean"),
+             rel_rmse=("rel_rmse", "mean"), rel_mean_abs_error=("rel_mean_abs_error", "mean"),
+             coverage=("coverage", "mean"), clipping_bias=("clipping_bias", "mean"),
+             rel_rmse_total=("rel_rmse_total", "mean"))
+        .reset_index()
+    )
+    return {
+        "publishable": False,
+        "mode": "exploration",
+        "note": NOT_PUBLISHABLE_NOTE,
+        "release": spec.name,
+        "spec_version": spec.version(),
+        "charge": spec.charge.to_json(),
+        "mean_split": None if plan.mean_split is None else str(plan.mean_split),
+        "repeats": repeats,
+        "seed": seed,
+        "noise_source": getattr(source, "name", type(source).__name__),
+        "statistics": per_stat,
+        "by_bucket": by_bucket.to_dict(orient="records"),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Day-over-day changes of a published trend (post-processing: publishable)
+# --------------------------------------------------------------------------------------
+def _laplace_diff_halfwidth(b: float, alpha: float) -> float:
+    """h with P(|X1 - X2| > h) = alpha for X1, X2 iid Laplace(b): (1 + h/2b) e^{-h/b} = alpha."""
+    lo, hi = 0.0, b * (math.log(1 / alpha) + 10)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if (1 + mid / (2 * b)) * math.exp(-mid / b) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def trend_differences(rows: Iterable[Mapping[str, Any]], *, statistic: str = "distinct_units",
+                      confidence: Optional[float] = None) -> list[dict[str, Any]]:
+    """Day-over-day changes of a published trend, with intervals.
+
+    Post-processing of published rows only (no truth, no new noise, no charge). Consecutive
+    keys (sorted) t-1, t: change = value_t - value_{t-1}. The two cells' noises are
+    independent draws, so the change's noise has sd = sqrt(sd_t^2 + sd_{t-1}^2); the interval
+    is change +- h with h from the difference's own distribution: the normal quantile for the
+    discrete Gaussian (the sum of two discrete Gaussians is very close to normal once sd >= 1),
+    the exact tail of the difference of two Laplace variables for the discrete Laplace
+    (P(|D| > h) = (1 + h/2b) e^{-h/b}, b = sd/sqrt(2); the discrete law's tail is within a grid
+    step of it). The interval covers the change of the *bounded* truth, like the cells' own.
+    The non-negativity post-processing of counts is ignored (it matters only near 0).
+    """
+    cells = sorted((r for r in rows if r.get("statistic") == statistic), key=lambda r: str(r["key"]))
+    out: list[dict[str, Any]] = []
+    for prev, cur in zip(cells[:-1], cells[1:]):
+        conf = float(confidence if confidence is not None else cur.get("confidence", 0.95))
+        alpha = 1 - conf
+        sd = math.hypot(float(cur["noise_stddev"]), float(prev["noise_stddev"]))
+        if cur.get("mechanism") == "discrete_laplace":
+            # equal scales in one release; if they differ the larger one is conservative
+            b = max(float(cur["noise_stddev"]), float(prev["noise_stddev"])) / math.sqrt(2)
+            h = _laplace_diff_halfwidth(b, alpha)
+        else:
+            h = NormalDist().inv_cdf(1 - alpha / 2) * sd
+        change = float(cur["value"]) - float(prev["value"])
+        out.append({"statistic": f"{statistic}_change", "key": str(cur["key"]), "previous_key": str(prev["key"]),
+                    "value": change, "ci_low": change - h, "ci_high": change + h, "noise_stddev": sd,
+                    "confidence": conf, "mechanism": cur.get("mechanism")})
+    return out

@@ -1,0 +1,1228 @@
+"""The budget ledger: one interface, one SQL implementation shared by SQLite and PostgreSQL.
+
+Tables (the same SQL on both stores; timestamps are fixed-width UTC text, charges are exact
+canonical JSON, so every row hashes to the same bytes on either store)::
+
+    dp_ledger_meta(name PK, value)                      schema version, key check, audit head
+    dp_budgets(budget_id PK, policy columns..., head_seq, head_hash, updated_at, mac)
+    dp_bindings(dataset_identity, privacy_unit, budget_id, created_at, mac)
+        PRIMARY KEY (dataset_identity, privacy_unit)
+    dp_entries(budget_id, seq, release_id UNIQUE, release_family, charge, event_json, state,
+               principal, code_version, owner_token, lease_expires_at, created_at,
+               committed_at, row_hash, state_mac)   PRIMARY KEY (budget_id, seq)
+    dp_audit(seq PK, at, principal, action, spec_name, spec_version, decision, release_id,
+             charge, detail, row_hash)
+
+Protocol (exactly once; see docs/ledger.md): ``reserve`` is a compare-and-set append at the
+end of a budget's log inside one write transaction (SQLite ``BEGIN IMMEDIATE``; PostgreSQL
+locks the budget row ``FOR UPDATE``); ``commit`` flips reserved -> committed. A charge is
+never refunded: reserved entries count as spent.
+
+Integrity: every entry carries ``row_hash = HMAC-SHA256(key, prev_row_hash, immutable
+fields)`` chained per budget, and ``state_mac`` over its mutable fields (state, owner, lease,
+commit time); the budget row carries a MAC over its policy and the chain head (last seq,
+last hash), so an edited, inserted or deleted row, a raised cap or a truncated tail fails
+:meth:`Ledger.verify`. Triggers refuse UPDATE/DELETE of immutable columns as a first line.
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import hmac
+import json
+import os
+import random
+import secrets
+import stat
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+from dp_spark.budget import MEASURES, Budget, budget_from_json
+from dp_spark.errors import (
+    BudgetExceededError,
+    ConfigError,
+    DpSparkError,
+    InvalidBudgetError,
+    LedgerError,
+    LedgerIntegrityError,
+    LedgerUnavailableError,
+    MeasureMismatchError,
+    ReleaseConflictError,
+)
+from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy, as_utc
+
+__all__ = [
+    "AuditRow",
+    "BudgetStatus",
+    "Ledger",
+    "LedgerEntry",
+    "ReleaseLimitExceededError",
+    "Reservation",
+    "SqlLedger",
+    "UnknownBudgetError",
+    "UnknownReleaseError",
+    "KEY_ENV",
+    "KEY_FILE_ENV",
+    "resolve_key",
+]
+
+UTC = timezone.utc
+SCHEMA_VERSION = "1"
+GENESIS = "0" * 64
+KEY_ENV = "DP_SPARK_LEDGER_KEY"
+KEY_FILE_ENV = "DP_SPARK_LEDGER_KEY_FILE"
+MIN_KEY_BYTES = 16
+MAX_LEASE_SECONDS = 7 * 24 * 3600
+MAX_TEXT = 512
+STATES = ("reserved", "committed")
+Clock = Callable[[], datetime]
+
+
+# --------------------------------------------------------------------------------------
+# Errors specific to the ledger (subclasses of the package's errors)
+# --------------------------------------------------------------------------------------
+class UnknownBudgetError(ConfigError):
+    """The budget id is not registered in the ledger."""
+
+    def __init__(self, budget_id: str):
+        self.budget_id = budget_id
+        super().__init__(f"unknown budget {budget_id!r}: register its policy first")
+
+
+class UnknownReleaseError(LedgerError):
+    """No ledger entry has this release id."""
+
+
+class ReleaseLimitExceededError(BudgetExceededError):
+    """A single charge exceeds the budget's per-release maximum (``cap`` is that maximum)."""
+
+    def __init__(self, budget_id: str, max_per_release, spent, requested):
+        super().__init__(budget_id, max_per_release, spent, requested)
+        self.args = (
+            f"budget {budget_id!r}: charge {requested} exceeds the per-release maximum "
+            f"{max_per_release}",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LedgerEntry:
+    budget_id: str
+    seq: int
+    release_id: str
+    charge: Budget
+    event_json: str
+    state: str
+    principal: str
+    code_version: str
+    owner_token: str
+    lease_expires_at: datetime
+    created_at: datetime
+    committed_at: Optional[datetime]
+    release_family: str
+    row_hash: str
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """``spent`` = reserved + committed charges of the entries in the current window.
+
+    ``window_start``/``window_end`` are None for a budget without window; ``entries`` is the
+    number of entries counted in ``spent``.
+    """
+
+    budget_id: str
+    measure: str
+    cap: Budget
+    spent: Budget
+    remaining: Budget
+    window_start: Optional[datetime]
+    window_end: Optional[datetime]
+    entries: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """``reused`` is True when no new charge was made (already committed, or taken over)."""
+
+    entry: LedgerEntry
+    reused: bool
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    seq: int
+    at: datetime
+    principal: str
+    action: str
+    spec_name: Optional[str]
+    spec_version: Optional[str]
+    decision: str
+    release_id: Optional[str]
+    charge_json: Optional[str]
+    detail: Optional[str]
+    row_hash: str
+
+
+# --------------------------------------------------------------------------------------
+# Canonical forms
+# --------------------------------------------------------------------------------------
+def ts_text(dt: datetime) -> str:
+    """Fixed-width UTC text (sorts like the instant): ``2026-01-31T23:59:59.000000Z``."""
+    d = as_utc(dt, "timestamp")
+    return (
+        f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"
+        f".{d.microsecond:06d}Z"
+    )
+
+
+def parse_ts(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def charge_text(charge: Budget) -> str:
+    return canonical(charge.to_json())
+
+
+def parse_charge(text: str) -> Budget:
+    return budget_from_json(json.loads(text))
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --------------------------------------------------------------------------------------
+# The key
+# --------------------------------------------------------------------------------------
+def _key_from_text(text: str, where: str) -> bytes:
+    key = text.strip().encode("utf-8")
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(f"ledger key from {where} is shorter than {MIN_KEY_BYTES} bytes")
+    return key
+
+
+def _read_key_file(path: Path) -> bytes:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise ConfigError(f"ledger key file {path} cannot be read") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"ledger key file {path} is accessible by group or others: chmod 600 it")
+    try:
+        return _key_from_text(path.read_text(encoding="utf-8"), f"file {path}")
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"ledger key file {path} cannot be read") from None
+
+
+def _create_key_file(path: Path) -> bytes:
+    """Create ``path`` with a fresh random key (0600), atomically; another process may win."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(secrets.token_hex(32) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails if another process created the key first
+        except FileExistsError:
+            pass
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return _read_key_file(path)
+
+
+def resolve_key(key: Optional[bytes], default_file: Optional[Path] = None, *, create: bool = True) -> bytes:
+    """The HMAC key: ``key``, else ``$DP_SPARK_LEDGER_KEY`` (text), else the file named by
+    ``$DP_SPARK_LEDGER_KEY_FILE``, else ``default_file`` (created 0600 when missing)."""
+    if key is not None:
+        if isinstance(key, str):
+            key = key.encode("utf-8")
+        if not isinstance(key, (bytes, bytearray)) or len(key) < MIN_KEY_BYTES:
+            raise ConfigError(f"ledger key must be at least {MIN_KEY_BYTES} bytes")
+        return bytes(key)
+    env = os.environ.get(KEY_ENV)
+    if env:
+        return _key_from_text(env, f"${KEY_ENV}")
+    env_file = os.environ.get(KEY_FILE_ENV)
+    if env_file:
+        return _read_key_file(Path(env_file))
+    if default_file is None:
+        raise ConfigError(f"this ledger needs an HMAC key: pass key=, or set ${KEY_ENV} or ${KEY_FILE_ENV}")
+    if default_file.exists():
+        return _read_key_file(default_file)
+    if not create:
+        raise ConfigError(f"ledger key file {default_file} is missing")
+    return _create_key_file(default_file)
+
+
+# --------------------------------------------------------------------------------------
+# The interface
+# --------------------------------------------------------------------------------------
+class Ledger(abc.ABC):
+    """A durable, append-only, exactly-once privacy-budget ledger."""
+
+    @abc.abstractmethod
+    def register_budget(self, policy: BudgetPolicy) -> None: ...
+
+    @abc.abstractmethod
+    def bind_dataset(self, budget_id: str, dataset_identity: str, privacy_unit: str) -> None: ...
+
+    @abc.abstractmethod
+    def status(self, budget_id: str, now: Optional[datetime] = None) -> BudgetStatus: ...
+
+    @abc.abstractmethod
+    def find(self, release_id: str) -> Optional[LedgerEntry]: ...
+
+    @abc.abstractmethod
+    def reserve(
+        self,
+        budget_id: str,
+        release_id: str,
+        charge: Budget,
+        event_json: str,
+        *,
+        principal: str,
+        code_version: str,
+        release_family: str,
+        owner_token: str,
+        lease_seconds: float = 600,
+        now: Optional[datetime] = None,
+    ) -> Reservation: ...
+
+    @abc.abstractmethod
+    def commit(self, release_id: str, owner_token: str, now: Optional[datetime] = None) -> LedgerEntry: ...
+
+    @abc.abstractmethod
+    def entries(self, budget_id: Optional[str] = None) -> list[LedgerEntry]: ...
+
+    @abc.abstractmethod
+    def verify(self, budget_id: Optional[str] = None) -> None: ...
+
+    @abc.abstractmethod
+    def append_audit(
+        self,
+        principal: str,
+        action: str,
+        spec_name: Optional[str],
+        spec_version: Optional[str],
+        decision: str,
+        release_id: Optional[str],
+        charge_json: Any,
+        detail: Any,
+        now: Optional[datetime] = None,
+    ) -> AuditRow: ...
+
+    @abc.abstractmethod
+    def audit_rows(self, limit: Optional[int] = None) -> list[AuditRow]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------
+# The SQL implementation
+# --------------------------------------------------------------------------------------
+BUDGET_COLS = (
+    "budget_id, dataset, privacy_unit, measure, cap, statement_delta, window_kind, window_days, "
+    "max_per_release, head_seq, head_hash, updated_at, mac"
+)
+ENTRY_COLS = (
+    "budget_id, seq, release_id, release_family, charge, event_json, state, principal, "
+    "code_version, owner_token, lease_expires_at, created_at, committed_at, row_hash, state_mac"
+)
+AUDIT_COLS = (
+    "seq, at, principal, action, spec_name, spec_version, decision, release_id, charge, detail, row_hash"
+)
+
+TABLES_DDL = (
+    """CREATE TABLE IF NOT EXISTS dp_ledger_meta (
+        name TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS dp_budgets (
+        budget_id TEXT PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        privacy_unit TEXT NOT NULL,
+        measure TEXT NOT NULL,
+        cap TEXT NOT NULL,
+        statement_delta TEXT,
+        window_kind TEXT NOT NULL,
+        window_days INTEGER,
+        max_per_release TEXT,
+        head_seq BIGINT NOT NULL,
+        head_hash TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        mac TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS dp_bindings (
+        dataset_identity TEXT NOT NULL,
+        privacy_unit TEXT NOT NULL,
+        budget_id TEXT NOT NULL REFERENCES dp_budgets (budget_id),
+        created_at TEXT NOT NULL,
+        mac TEXT NOT NULL,
+        PRIMARY KEY (dataset_identity, privacy_unit)
+    )""",
+    """CREATE TABLE IF NOT EXISTS dp_entries (
+        budget_id TEXT NOT NULL REFERENCES dp_budgets (budget_id),
+        seq BIGINT NOT NULL CHECK (seq >= 1),
+        release_id TEXT NOT NULL UNIQUE,
+        release_family TEXT NOT NULL,
+        charge TEXT NOT NULL,
+        event_json TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('reserved', 'committed')),
+        principal TEXT NOT NULL,
+        code_version TEXT NOT NULL,
+        owner_token TEXT NOT NULL,
+        lease_expires_at TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        committed_at TEXT,
+        row_hash TEXT NOT NULL,
+        state_mac TEXT NOT NULL,
+        PRIMARY KEY (budget_id, seq)
+    )""",
+    "CREATE INDEX IF NOT EXISTS dp_entries_family ON dp_entries (release_family, state)",
+    """CREATE TABLE IF NOT EXISTS dp_audit (
+        seq BIGINT PRIMARY KEY,
+        at TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        action TEXT NOT NULL,
+        spec_name TEXT,
+        spec_version TEXT,
+        decision TEXT NOT NULL,
+        release_id TEXT,
+        charge TEXT,
+        detail TEXT,
+        row_hash TEXT NOT NULL
+    )""",
+)
+
+# Columns no code path ever updates (the protocol only touches state, owner, lease, commit time).
+IMMUTABLE_ENTRY_COLUMNS = (
+    "budget_id, seq, release_id, release_family, charge, event_json, principal, code_version, "
+    "created_at, row_hash"
+)
+
+
+class _Retry(Exception):
+    """A compare-and-set lost a race: run the transaction again."""
+
+
+class _Cursor:
+    """A thin cursor over either driver; SQL is written with ``?`` placeholders."""
+
+    def __init__(self, execute: Callable[..., Any], paramstyle: str):
+        self._execute = execute
+        self._pg = paramstyle == "format"
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self._pg else sql
+
+    def _run(self, sql: str, params: Sequence[Any]) -> Any:
+        # no parameters -> no placeholder parsing (DDL may contain a literal '%')
+        return self._execute(self._sql(sql), tuple(params)) if params else self._execute(sql)
+
+    def q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        return list(self._run(sql, params).fetchall())
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Optional[tuple]:
+        rows = self.q(sql, params)
+        return rows[0] if rows else None
+
+    def x(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._run(sql, params).rowcount
+
+
+@dataclass(frozen=True)
+class _BudgetRow:
+    policy: BudgetPolicy
+    head_seq: int
+    head_hash: str
+    updated_at: str
+    texts: tuple  # the stored policy columns, as text, in BUDGET_COLS order (without head/mac)
+
+
+def _policy_texts(p: BudgetPolicy) -> tuple:
+    return (
+        p.budget_id,
+        p.dataset,
+        p.privacy_unit,
+        p.measure,
+        charge_text(p.cap),
+        None if p.statement_delta is None else str(p.statement_delta),
+        p.window.kind,
+        p.window.days,
+        None if p.max_per_release is None else charge_text(p.max_per_release),
+    )
+
+
+def _check_text(value: Any, name: str, *, optional: bool = False) -> Optional[str]:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+        raise LedgerError(f"{name} must be a non-empty string of at most {MAX_TEXT} characters")
+    if any(ord(c) < 32 for c in value):
+        raise LedgerError(f"{name} must not contain control characters")
+    return value
+
+
+class SqlLedger(Ledger):
+    """The ledger over a DB-API connection; subclasses supply the connection and dialect."""
+
+    dialect = "sql"
+    paramstyle = "qmark"
+    for_update = ""
+    max_attempts = 50
+
+    def __init__(self, *, key: bytes, clock: Optional[Clock], description: str):
+        self._key = key
+        self._clock: Clock = clock or _utc_now
+        self._lock = threading.RLock()
+        self._closed = False
+        self.description = description
+
+    # -- subclass hooks --------------------------------------------------------------
+    @abc.abstractmethod
+    def _transaction(self, write: bool) -> Iterator[_Cursor]:
+        """Context manager: one transaction (write: serialised with other writers)."""
+
+    @abc.abstractmethod
+    def _classify(self, exc: BaseException) -> Optional[str]:
+        """'retry' | 'unavailable' | 'corrupt' | None for a driver exception."""
+
+    @abc.abstractmethod
+    def _schema_exists(self, cur: _Cursor) -> bool: ...
+
+    @abc.abstractmethod
+    def _guard_ddl(self) -> Sequence[str]:
+        """Triggers refusing UPDATE/DELETE of immutable rows (dialect-specific)."""
+
+    def _schema_lock(self, cur: _Cursor) -> None:
+        """Serialise schema creation between processes (PostgreSQL: advisory lock)."""
+
+    def _close_connection(self) -> None: ...
+
+    # -- plumbing --------------------------------------------------------------------
+    def _mac(self, domain: str, *parts: Any) -> str:
+        msg = domain.encode() + b"\x00" + canonical(list(parts)).encode("utf-8")
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+
+    def _now(self, now: Optional[datetime]) -> datetime:
+        return as_utc(now if now is not None else self._clock(), "now")
+
+    def _run(self, op: str, fn: Callable[[_Cursor], Any], *, write: bool) -> Any:
+        if self._closed:
+            raise LedgerError(f"{self.description} is closed")
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                with self._lock:
+                    with self._transaction(write) as cur:
+                        return fn(cur)
+            except DpSparkError:
+                raise
+            except _Retry:
+                kind = "retry"
+                exc: BaseException = _Retry()
+            except Exception as e:  # driver errors
+                exc = e
+                kind = self._classify(e)
+            if kind == "retry" and attempt < self.max_attempts:
+                time.sleep(random.uniform(0, 0.002 * min(attempt, 20)))
+                continue
+            reason = self._reason(exc)
+            if kind == "unavailable":
+                raise LedgerUnavailableError(
+                    f"{self.description} is unavailable ({op}): {reason}; nothing was recorded"
+                ) from None
+            if kind == "corrupt":
+                raise LedgerIntegrityError(f"{self.description} is corrupt or was tampered with ({op}): {reason}") from None
+            raise LedgerError(f"{self.description}: {op} failed: {reason}") from None
+        raise AssertionError("unreachable")
+
+    def _reason(self, exc: BaseException) -> str:
+        text = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._close_connection()
+
+    # -- schema ----------------------------------------------------------------------
+    def _init_schema(self) -> None:
+        key_check = self._mac("key-check", SCHEMA_VERSION)
+
+        def fn(cur: _Cursor) -> None:
+            if not self._schema_exists(cur):
+                self._schema_lock(cur)
+                for stmt in TABLES_DDL:
+                    cur.x(stmt)
+                for stmt in self._guard_ddl():
+                    cur.x(stmt)
+            rows = dict(cur.q("SELECT name, value FROM dp_ledger_meta"))
+            if "schema_version" not in rows:
+                cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", ("schema_version", SCHEMA_VERSION))
+                cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", ("key_check", key_check))
+                cur.x(
+                    "INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)",
+                    ("audit_head", self._audit_head_value(0, GENESIS)),
+                )
+                return
+            if rows["schema_version"] != SCHEMA_VERSION:
+                raise LedgerError(
+                    f"{self.description} has schema version {rows['schema_version']!r}; "
+                    f"this dp_spark reads version {SCHEMA_VERSION}"
+                )
+            if not hmac.compare_digest(rows.get("key_check", ""), key_check):
+                raise LedgerIntegrityError(
+                    f"{self.description}: the HMAC key does not match the key this ledger was "
+                    f"created with (check ${KEY_ENV} or the key file)"
+                )
+
+        self._run("open", fn, write=True)
+
+    # -- budgets ---------------------------------------------------------------------
+    def _budget_mac(self, texts: tuple, head_seq: int, head_hash: str, updated_at: str) -> str:
+        return self._mac("budget", *texts, head_seq, head_hash, updated_at)
+
+    def _load_budget(self, cur: _Cursor, budget_id: str, *, lock: bool) -> _BudgetRow:
+        row = cur.one(
+            f"SELECT {BUDGET_COLS} FROM dp_budgets WHERE budget_id = ?" + (self.for_update if lock else ""),
+            (budget_id,),
+        )
+        if row is None:
+            raise UnknownBudgetError(budget_id)
+        return self._budget_from_row(row)
+
+    def _budget_from_row(self, row: tuple) -> _BudgetRow:
+        texts = tuple(row[:9])
+        head_seq, head_hash, updated_at, mac = row[9], row[10], row[11], row[12]
+        bid = texts[0]
+        if not hmac.compare_digest(str(mac), self._budget_mac(texts, head_seq, head_hash, updated_at)):
+            raise LedgerIntegrityError(
+                f"ledger integrity check failed: budget {bid!r}: the budget row was edited "
+                f"outside the ledger (policy or chain head), or the key is wrong"
+            )
+        try:
+            policy = BudgetPolicy(
+                budget_id=texts[0],
+                dataset=texts[1],
+                privacy_unit=texts[2],
+                measure=texts[3],
+                cap=parse_charge(texts[4]),
+                statement_delta=None if texts[5] is None else Fraction(texts[5]),
+                window=WindowPolicy(kind=texts[6], days=texts[7]),
+                max_per_release=None if texts[8] is None else parse_charge(texts[8]),
+            )
+        except (DpSparkError, ValueError, TypeError):
+            raise LedgerIntegrityError(f"ledger integrity check failed: budget {bid!r}: unreadable policy") from None
+        return _BudgetRow(policy, int(head_seq), head_hash, updated_at, texts)
+
+    def register_budget(self, policy: BudgetPolicy) -> None:
+        """Insert or update a budget's policy (idempotent).
+
+        Refused (ConfigError): changing the measure of a budget that has entries; changing
+        its privacy unit once it has entries or bindings; a cap (under the new window) below
+        what is already spent in the current window.
+        """
+        if not isinstance(policy, BudgetPolicy):
+            raise ConfigError("register_budget needs a BudgetPolicy")
+        texts = _policy_texts(policy)
+
+        def fn(cur: _Cursor) -> None:
+            now = self._now(None)
+            stamp = ts_text(now)
+            inserted = cur.x(
+                f"INSERT INTO dp_budgets ({BUDGET_COLS}) VALUES ({', '.join(['?'] * 13)}) "
+                "ON CONFLICT (budget_id) DO NOTHING",
+                (*texts, 0, GENESIS, stamp, self._budget_mac(texts, 0, GENESIS, stamp)),
+            )
+            if inserted == 1:
+                return
+            b = self._load_budget(cur, policy.budget_id, lock=True)
+            if b.texts == texts:
+                return
+            entries = self._verified_entries(cur, b)
+            old = b.policy
+            if policy.measure != old.measure and entries:
+                raise ConfigError(
+                    f"budget {policy.budget_id!r} has {len(entries)} ledger entries in "
+                    f"{old.measure}; its measure cannot change to {policy.measure}"
+                )
+            if policy.privacy_unit != old.privacy_unit:
+                bound = cur.one("SELECT COUNT(*) FROM dp_bindings WHERE budget_id = ?", (policy.budget_id,))[0]
+                if entries or bound:
+                    raise ConfigError(
+                        f"budget {policy.budget_id!r} protects unit {old.privacy_unit!r} and has "
+                        f"entries or bound datasets; its privacy unit cannot change"
+                    )
+            if entries:
+                spent, _ = self._spent(policy, entries, now)
+                if not spent.fits_in(policy.cap):
+                    raise ConfigError(
+                        f"budget {policy.budget_id!r}: new cap {policy.cap} is below what is already "
+                        f"spent in the current window ({spent}); a cap cannot be lowered below spent"
+                    )
+            n = cur.x(
+                "UPDATE dp_budgets SET dataset = ?, privacy_unit = ?, measure = ?, cap = ?, "
+                "statement_delta = ?, window_kind = ?, window_days = ?, max_per_release = ?, "
+                "updated_at = ?, mac = ? WHERE budget_id = ? AND head_seq = ?",
+                (*texts[1:], stamp, self._budget_mac(texts, b.head_seq, b.head_hash, stamp),
+                 policy.budget_id, b.head_seq),
+            )
+            if n != 1:
+                raise _Retry()
+
+        self._run("register_budget", fn, write=True)
+
+    def get_policy(self, budget_id: str) -> BudgetPolicy:
+        """The policy registered for ``budget_id`` (UnknownBudgetError if none)."""
+        return self._run("get_policy", lambda cur: self._load_budget(cur, budget_id, lock=False).policy, write=False)
+
+    def budget_ids(self) -> list[str]:
+        return [r[0] for r in self._run(
+            "budget_ids", lambda cur: cur.q("SELECT budget_id FROM dp_budgets ORDER BY budget_id"), write=False)]
+
+    # -- bindings --------------------------------------------------------------------
+    def _binding_mac(self, identity: str, unit: str, budget_id: str, created_at: str) -> str:
+        return self._mac("binding", identity, unit, budget_id, created_at)
+
+    def _check_binding(self, row: tuple) -> str:
+        identity, unit, budget_id, created_at, mac = row
+        if not hmac.compare_digest(str(mac), self._binding_mac(identity, unit, budget_id, created_at)):
+            raise LedgerIntegrityError(
+                f"ledger integrity check failed: the binding of a dataset to budget {budget_id!r} "
+                f"was edited outside the ledger"
+            )
+        return budget_id
+
+    def bind_dataset(self, budget_id: str, dataset_identity: str, privacy_unit: str) -> None:
+        """Bind a dataset identity (e.g. a Delta table id) and privacy unit to one budget.
+
+        The pair (dataset_identity, privacy_unit) belongs to at most one budget, for ever:
+        binding it to another budget raises ConfigError, so a copied config under a new budget
+        id, or a renamed or moved table, cannot start from a fresh budget. Binding the same
+        pair to the same budget again is a no-op.
+        """
+        _check_text(dataset_identity, "dataset_identity")
+        _check_text(privacy_unit, "privacy_unit")
+
+        def existing(cur: _Cursor) -> Optional[str]:
+            row = cur.one(
+                "SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings "
+                "WHERE dataset_identity = ? AND privacy_unit = ?",
+                (dataset_identity, privacy_unit),
+            )
+            return None if row is None else self._check_binding(row)
+
+        def conflict(other: str) -> ConfigError:
+            return ConfigError(
+                f"dataset identity {dataset_identity!r} (unit {privacy_unit!r}) is already governed "
+                f"by budget {other!r}; it cannot also draw on budget {budget_id!r} "
+                f"(a copied config or a new budget id does not reset a budget)"
+            )
+
+        def fn(cur: _Cursor) -> None:
+            b = self._load_budget(cur, budget_id, lock=True)
+            if privacy_unit != b.policy.privacy_unit:
+                raise ConfigError(
+                    f"budget {budget_id!r} protects unit {b.policy.privacy_unit!r}, not {privacy_unit!r}"
+                )
+            other = existing(cur)
+            if other is not None:
+                if other != budget_id:
+                    raise conflict(other)
+                return
+            stamp = ts_text(self._now(None))
+            n = cur.x(
+                "INSERT INTO dp_bindings (dataset_identity, privacy_unit, budget_id, created_at, mac) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_identity, privacy_unit) DO NOTHING",
+                (dataset_identity, privacy_unit, budget_id, stamp,
+                 self._binding_mac(dataset_identity, privacy_unit, budget_id, stamp)),
+            )
+            if n != 1:  # a concurrent binder won: read its binding (READ COMMITTED sees it)
+                other = existing(cur)
+                if other is None:
+                    raise _Retry()
+                if other != budget_id:
+                    raise conflict(other)
+
+        self._run("bind_dataset", fn, write=True)
+
+    def budget_for_dataset(self, dataset_identity: str, privacy_unit: str) -> Optional[str]:
+        """The budget a dataset identity and unit are bound to, or None."""
+        def fn(cur: _Cursor) -> Optional[str]:
+            row = cur.one(
+                "SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings "
+                "WHERE dataset_identity = ? AND privacy_unit = ?",
+                (dataset_identity, privacy_unit),
+            )
+            return None if row is None else self._check_binding(row)
+
+        return self._run("budget_for_dataset", fn, write=False)
+
+    def bindings(self, budget_id: Optional[str] = None) -> list[tuple[str, str, str]]:
+        """(dataset_identity, privacy_unit, budget_id) triples, verified."""
+        def fn(cur: _Cursor) -> list[tuple[str, str, str]]:
+            sql = "SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings"
+            rows = cur.q(sql + " WHERE budget_id = ? ORDER BY 1, 2", (budget_id,)) if budget_id else cur.q(sql + " ORDER BY 1, 2")
+            return [(r[0], r[1], self._check_binding(r)) for r in rows]
+
+        return self._run("bindings", fn, write=False)
+
+    # -- entries ---------------------------------------------------------------------
+    def _row_hash(self, prev: str, r: tuple) -> str:
+        # immutable fields: budget_id, seq, release_id, release_family, charge, event_json,
+        # principal, code_version, created_at
+        return self._mac("entry", prev, r[0], r[1], r[2], r[3], r[4], r[5], r[7], r[8], r[11])
+
+    def _state_mac(self, row_hash: str, state: str, owner: str, lease: str, committed: Optional[str]) -> str:
+        return self._mac("entry-state", row_hash, state, owner, lease, committed)
+
+    @staticmethod
+    def _entry(r: tuple) -> LedgerEntry:
+        return LedgerEntry(
+            budget_id=r[0],
+            seq=int(r[1]),
+            release_id=r[2],
+            charge=parse_charge(r[4]),
+            event_json=r[5],
+            state=r[6],
+            principal=r[7],
+            code_version=r[8],
+            owner_token=r[9],
+            lease_expires_at=parse_ts(r[10]),
+            created_at=parse_ts(r[11]),
+            committed_at=None if r[12] is None else parse_ts(r[12]),
+            release_family=r[3],
+            row_hash=r[13],
+        )
+
+    def _chain_problems(self, b: _BudgetRow, rows: list[tuple]) -> tuple[list[str], list[LedgerEntry]]:
+        problems: list[str] = []
+        entries: list[LedgerEntry] = []
+        bid = b.policy.budget_id
+        prev = GENESIS
+        for i, r in enumerate(rows, start=1):
+            seq = int(r[1])
+            where = f"budget {bid!r} seq {seq}"
+            if seq != i:
+                problems.append(f"{where}: sequence gap or duplicate (expected seq {i})")
+            if not hmac.compare_digest(str(r[13]), self._row_hash(prev, r)):
+                problems.append(f"{where}: row hash mismatch (row edited or inserted outside the ledger)")
+            elif not hmac.compare_digest(str(r[14]), self._state_mac(r[13], r[6], r[9], r[10], r[12])):
+                problems.append(f"{where}: state, owner or lease edited outside the ledger")
+            try:
+                e = self._entry(r)
+                if e.state not in STATES:
+                    raise ValueError("state")
+                if e.charge.MEASURE != b.policy.measure:
+                    problems.append(f"{where}: charge is not in the budget's measure")
+                entries.append(e)
+            except (DpSparkError, ValueError, TypeError, KeyError):
+                problems.append(f"{where}: unreadable row")
+            prev = str(r[13])
+        if b.head_seq != len(rows) or b.head_hash != prev:
+            problems.append(
+                f"budget {bid!r}: chain head says {b.head_seq} entries but {len(rows)} are stored "
+                f"(rows deleted or inserted outside the ledger)"
+            )
+        return problems, entries
+
+    @staticmethod
+    def _raise_problems(problems: list[str]) -> None:
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise LedgerIntegrityError("ledger integrity check failed: " + "; ".join(problems[:5]) + more)
+
+    def _verified_entries(self, cur: _Cursor, b: _BudgetRow) -> list[LedgerEntry]:
+        rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq", (b.policy.budget_id,))
+        problems, entries = self._chain_problems(b, rows)
+        self._raise_problems(problems)
+        return entries
+
+    @staticmethod
+    def _spent(policy: BudgetPolicy, entries: list[LedgerEntry], now: datetime) -> tuple[Budget, int]:
+        spent = MEASURES[policy.measure].zero()
+        n = 0
+        for e in entries:
+            if policy.window.contains(e.created_at, now):
+                spent = spent + e.charge
+                n += 1
+        return spent, n
+
+    def status(self, budget_id: str, now: Optional[datetime] = None) -> BudgetStatus:
+        """Cap, spent (reserved + committed, in the current window), remaining. Verifies the budget."""
+        def fn(cur: _Cursor) -> BudgetStatus:
+            t = self._now(now)
+            b = self._load_budget(cur, budget_id, lock=False)
+            entries = self._verified_entries(cur, b)
+            spent, n = self._spent(b.policy, entries, t)
+            start, end = b.policy.window.bounds(t)
+            return BudgetStatus(budget_id, b.policy.measure, b.policy.cap, spent, b.policy.cap - spent, start, end, n)
+
+        return self._run("status", fn, write=False)
+
+    def find(self, release_id: str) -> Optional[LedgerEntry]:
+        def fn(cur: _Cursor) -> Optional[LedgerEntry]:
+            r = cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?", (release_id,))
+            if r is None:
+                return None
+            try:
+                return self._entry(r)
+            except (DpSparkError, ValueError, TypeError, KeyError):
+                raise LedgerIntegrityError(f"ledger integrity check failed: release {release_id!r}: unreadable row") from None
+
+        return self._run("find", fn, write=False)
+
+    def entries(self, budget_id: Optional[str] = None) -> list[LedgerEntry]:
+        """A budget's entries in seq order (all budgets when None), after verifying them."""
+        def fn(cur: _Cursor) -> list[LedgerEntry]:
+            if budget_id is not None:
+                return self._verified_entries(cur, self._load_budget(cur, budget_id, lock=False))
+            out: list[LedgerEntry] = []
+            for row in cur.q(f"SELECT {BUDGET_COLS} FROM dp_budgets ORDER BY budget_id"):
+                out.extend(self._verified_entries(cur, self._budget_from_row(row)))
+            return out
+
+        return self._run("entries", fn, write=False)
+
+    def latest_committed(self, release_family: str, budget_id: Optional[str] = None) -> Optional[LedgerEntry]:
+        """The most recently committed entry of a release family (for ``return_existing``)."""
+        def fn(cur: _Cursor) -> Optional[LedgerEntry]:
+            sql = f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_family = ? AND state = 'committed'"
+            params: tuple = (release_family,)
+            if budget_id is not None:
+                sql += " AND budget_id = ?"
+                params += (budget_id,)
+            rows = cur.q(sql + " ORDER BY committed_at DESC, seq DESC", params)
+            if not rows:
+                return None
+            b = self._load_budget(cur, rows[0][0], lock=False)
+            verified = {e.release_id: e for e in self._verified_entries(cur, b)}
+            return verified[rows[0][2]]
+
+        return self._run("latest_committed", fn, write=False)
+
+    def reserve(
+        self,
+        budget_id: str,
+        release_id: str,
+        charge: Budget,
+        event_json: str,
+        *,
+        principal: str,
+        code_version: str,
+        release_family: str,
+        owner_token: str,
+        lease_seconds: float = 600,
+        now: Optional[datetime] = None,
+    ) -> Reservation:
+        """Charge ``charge`` to ``budget_id`` for ``release_id``, exactly once.
+
+        * release already committed -> Reservation(entry, reused=True): serve the stored
+          release, no charge;
+        * reserved by ``owner_token``, or its lease expired -> taken over (new owner and
+          lease), no second charge, reused=True;
+        * reserved by another owner with a live lease -> ReleaseConflictError;
+        * otherwise, in one write transaction: verify the budget's chain, check the measure
+          (MeasureMismatchError), the per-release maximum (ReleaseLimitExceededError) and
+          spent + charge <= cap exactly (BudgetExceededError), then append at seq = last + 1.
+        """
+        _check_text(budget_id, "budget_id")
+        _check_text(release_id, "release_id")
+        _check_text(principal, "principal")
+        _check_text(code_version, "code_version")
+        _check_text(release_family, "release_family")
+        _check_text(owner_token, "owner_token")
+        if type(charge) not in MEASURES.values():
+            raise InvalidBudgetError("charge must be a PureDP, ZCDP or ApproxDP amount")
+        if charge.is_zero():
+            raise InvalidBudgetError("charge must be > 0")
+        if not isinstance(event_json, str):
+            raise LedgerError("event_json must be serialised JSON text")
+        try:
+            json.loads(event_json)
+        except ValueError:
+            raise LedgerError("event_json is not valid JSON") from None
+        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)) or not (
+            0 < lease_seconds <= MAX_LEASE_SECONDS
+        ):
+            raise LedgerError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+        ctext = charge_text(charge)
+
+        def fn(cur: _Cursor) -> Reservation:
+            t = self._now(now)
+            lease = ts_text(t + timedelta(seconds=lease_seconds))
+            b = self._load_budget(cur, budget_id, lock=True)
+            entries = self._verified_entries(cur, b)
+            r = cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?" + self.for_update, (release_id,))
+            if r is not None:
+                if r[0] != budget_id:
+                    raise ReleaseConflictError(
+                        f"release {release_id!r} is recorded under budget {r[0]!r}, not {budget_id!r}"
+                    )
+                e = next(x for x in entries if x.release_id == release_id)
+                if e.state == "committed":
+                    return Reservation(e, True)
+                if e.charge != charge:
+                    raise ReleaseConflictError(
+                        f"release {release_id!r} is reserved with a different charge ({e.charge}); "
+                        f"a release id must always carry the same charge"
+                    )
+                if e.owner_token != owner_token and e.lease_expires_at > t:
+                    raise ReleaseConflictError(
+                        f"release {release_id!r} is reserved by another run until "
+                        f"{ts_text(e.lease_expires_at)}"
+                    )
+                smac = self._state_mac(e.row_hash, "reserved", owner_token, lease, None)
+                n = cur.x(
+                    "UPDATE dp_entries SET owner_token = ?, lease_expires_at = ?, state_mac = ? "
+                    "WHERE release_id = ? AND state = 'reserved' AND owner_token = ?",
+                    (owner_token, lease, smac, release_id, e.owner_token),
+                )
+                if n != 1:
+                    raise _Retry()
+                return Reservation(
+                    replace(e, owner_token=owner_token, lease_expires_at=parse_ts(lease)),
+                    True,
+                )
+            policy = b.policy
+            if charge.MEASURE != policy.measure:
+                raise MeasureMismatchError(
+                    f"budget {budget_id!r} accounts in {policy.measure}; the release charges {charge.MEASURE}"
+                )
+            spent, _ = self._spent(policy, entries, t)
+            if policy.max_per_release is not None and not charge.fits_in(policy.max_per_release):
+                raise ReleaseLimitExceededError(budget_id, policy.max_per_release, spent, charge)
+            if not (spent + charge).fits_in(policy.cap):
+                raise BudgetExceededError(budget_id, policy.cap, spent, charge)
+            seq = b.head_seq + 1
+            created = ts_text(t)
+            row = (budget_id, seq, release_id, release_family, ctext, event_json, "reserved", principal,
+                   code_version, owner_token, lease, created, None)
+            rh = self._row_hash(b.head_hash, row)
+            smac = self._state_mac(rh, "reserved", owner_token, lease, None)
+            cur.x(
+                f"INSERT INTO dp_entries ({ENTRY_COLS}) VALUES ({', '.join(['?'] * 15)})",
+                (*row, rh, smac),
+            )
+            n = cur.x(
+                "UPDATE dp_budgets SET head_seq = ?, head_hash = ?, mac = ? WHERE budget_id = ? AND head_seq = ?",
+                (seq, rh, self._budget_mac(b.texts, seq, rh, b.updated_at), budget_id, b.head_seq),
+            )
+            if n != 1:
+                raise _Retry()
+            return Reservation(self._entry((*row, rh, smac)), False)
+
+        return self._run("reserve", fn, write=True)
+
+    def commit(self, release_id: str, owner_token: str, now: Optional[datetime] = None) -> LedgerEntry:
+        """reserved -> committed. Already committed: a no-op returning the entry. Another
+        owner with a live lease: ReleaseConflictError. Unknown release: UnknownReleaseError."""
+        _check_text(release_id, "release_id")
+        _check_text(owner_token, "owner_token")
+
+        def fn(cur: _Cursor) -> LedgerEntry:
+            t = self._now(now)
+            r = cur.one("SELECT budget_id FROM dp_entries WHERE release_id = ?", (release_id,))
+            if r is None:
+                raise UnknownReleaseError(f"no ledger entry for release {release_id!r}: reserve it first")
+            b = self._load_budget(cur, r[0], lock=True)
+            entries = self._verified_entries(cur, b)
+            e = next(x for x in entries if x.release_id == release_id)
+            if e.state == "committed":
+                return e
+            if e.owner_token != owner_token and e.lease_expires_at > t:
+                raise ReleaseConflictError(
+                    f"release {release_id!r} is reserved by another run until {ts_text(e.lease_expires_at)}"
+                )
+            committed = ts_text(t)
+            lease = ts_text(e.lease_expires_at)
+            smac = self._state_mac(e.row_hash, "committed", owner_token, lease, committed)
+            n = cur.x(
+                "UPDATE dp_entries SET state = 'committed', committed_at = ?, owner_token = ?, state_mac = ? "
+                "WHERE release_id = ? AND state = 'reserved' AND owner_token = ?",
+                (committed, owner_token, smac, release_id, e.owner_token),
+            )
+            if n != 1:
+                raise _Retry()
+            return replace(e, state="committed", committed_at=parse_ts(committed), owner_token=owner_token)
+
+        return self._run("commit", fn, write=True)
+
+    # -- verification ----------------------------------------------------------------
+    def verify(self, budget_id: Optional[str] = None) -> None:
+        """Check every budget row, entry chain, binding and the audit chain (or one budget).
+
+        Raises LedgerIntegrityError naming the budgets and sequence numbers that fail.
+        """
+        def fn(cur: _Cursor) -> None:
+            problems: list[str] = []
+            if budget_id is not None:
+                b = self._load_budget(cur, budget_id, lock=False)
+                self._raise_problems(self._chain_problems(b, cur.q(
+                    f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq", (budget_id,)))[0])
+                return
+            known = set()
+            for row in cur.q(f"SELECT {BUDGET_COLS} FROM dp_budgets ORDER BY budget_id"):
+                try:
+                    b = self._budget_from_row(row)
+                except LedgerIntegrityError as exc:
+                    problems.append(str(exc).replace("ledger integrity check failed: ", ""))
+                    known.add(row[0])
+                    continue
+                known.add(b.policy.budget_id)
+                rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq",
+                             (b.policy.budget_id,))
+                problems.extend(self._chain_problems(b, rows)[0])
+            for (bid,) in cur.q("SELECT DISTINCT budget_id FROM dp_entries"):
+                if bid not in known:
+                    problems.append(f"entries of unregistered budget {bid!r}")
+            for row in cur.q("SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings"):
+                try:
+                    self._check_binding(row)
+                except LedgerIntegrityError:
+                    problems.append(f"binding to budget {row[2]!r} edited outside the ledger")
+                if row[2] not in known:
+                    problems.append(f"binding to unregistered budget {row[2]!r}")
+            problems.extend(self._audit_problems(cur))
+            self._raise_problems(problems)
+
+        self._run("verify", fn, write=False)
+
+    # -- audit -----------------------------------------------------------------------
+    def _audit_head_value(self, seq: int, head: str) -> str:
+        return canonical({"seq": seq, "hash": head, "mac": self._mac("audit-head", seq, head)})
+
+    def _audit_head(self, cur: _Cursor, *, lock: bool) -> tuple[int, str]:
+        row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = 'audit_head'" + (self.for_update if lock else ""))
+        try:
+            d = json.loads(row[0])
+            seq, head, mac = int(d["seq"]), str(d["hash"]), str(d["mac"])
+        except (TypeError, ValueError, KeyError):
+            raise LedgerIntegrityError("ledger integrity check failed: the audit chain head is missing or unreadable") from None
+        if not hmac.compare_digest(mac, self._mac("audit-head", seq, head)):
+            raise LedgerIntegrityError("ledger integrity check failed: the audit chain head was edited")
+        return seq, head
+
+    def _audit_hash(self, prev: str, r: tuple) -> str:
+        return self._mac("audit", prev, *r[:10])
+
+    def _audit_problems(self, cur: _Cursor) -> list[str]:
+        try:
+            seq, head = self._audit_head(cur, lock=False)
+        except LedgerIntegrityError as exc:
+            return [str(exc).replace("ledger integrity check failed: ", "")]
+        problems = []
+        prev = GENESIS
+        rows = cur.q(f"SELECT {AUDIT_COLS} FROM dp_audit ORDER BY seq")
+        for i, r in enumerate(rows, start=1):
+            if int(r[0]) != i:
+                problems.append(f"audit seq {r[0]}: sequence gap (expected {i})")
+            if not hmac.compare_digest(str(r[10]), self._audit_hash(prev, r)):
+                problems.append(f"audit seq {r[0]}: row hash mismatch (edited or inserted outside the ledger)")
+            prev = str(r[10])
+        if seq != len(rows) or head != prev:
+            problems.append(f"audit chain head says {seq} rows but {len(rows)} are stored")
+        return problems
+
+    @staticmethod
+    def _audit(r: tuple) -> AuditRow:
+        return AuditRow(int(r[0]), parse_ts(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+
+    def append_audit(
+        self,
+        principal: str,
+        action: str,
+        spec_name: Optional[str],
+        spec_version: Optional[str],
+        decision: str,
+        release_id: Optional[str],
+        charge_json: Any,
+        detail: Any,
+        now: Optional[datetime] = None,
+    ) -> AuditRow:
+        """Append one audit row (append-only, hash-chained). Never pass data values.
+
+        ``charge_json``: JSON text, a budget amount, or None. ``detail``: text, a mapping
+        (stored as canonical JSON) or None.
+        """
+        _check_text(principal, "principal")
+        _check_text(action, "action")
+        _check_text(decision, "decision")
+        _check_text(spec_name, "spec_name", optional=True)
+        _check_text(spec_version, "spec_version", optional=True)
+        _check_text(release_id, "release_id", optional=True)
+        if charge_json is not None and not isinstance(charge_json, str):
+            if type(charge_json) in MEASURES.values():
+                charge_json = charge_text(charge_json)
+            else:
+                raise LedgerError("charge_json must be JSON text, a budget amount or None")
+        if isinstance(charge_json, str):
+            try:
+                json.loads(charge_json)
+            except ValueError:
+                raise LedgerError("charge_json is not valid JSON") from None
+        if isinstance(detail, Mapping):
+            detail = canonical(dict(detail))
+        elif detail is not None and not isinstance(detail, str):
+            raise LedgerError("detail must be text, a mapping or None")
+        if detail == "":
+            detail = None
+
+        def fn(cur: _Cursor) -> AuditRow:
+            at = ts_text(self._now(now))
+            seq, head = self._audit_head(cur, lock=True)
+            r = (seq + 1, at, principal, action, spec_name, spec_version, decision, release_id, charge_json, detail)
+            rh = self._audit_hash(head, r)
+            cur.x(f"INSERT INTO dp_audit ({AUDIT_COLS}) VALUES ({', '.join(['?'] * 11)})", (*r, rh))
+            n = cur.x(
+                "UPDATE dp_ledger_meta SET value = ? WHERE name = 'audit_head' AND value = ?",
+                (self._audit_head_value(seq + 1, rh), self._audit_head_value(seq, head)),
+            )
+            if n != 1:
+                raise _Retry()
+            return self._audit((*r, rh))
+
+        return self._run("append_audit", fn, write=True)
+
+    def audit_rows(self, limit: Optional[int] = None) -> list[AuditRow]:
+        """Audit rows in order; with ``limit``, the latest ``limit`` rows (still in order)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise LedgerError("limit must be a non-negative integer")
+
+        def fn(cur: _Cursor) -> list[AuditRow]:
+            if limit is None:
+                rows = cur.q(f"SELECT {AUDIT_COLS} FROM dp_audit ORDER BY seq")
+            else:
+                rows = cur.q(f"SELECT {AUDIT_COLS} FROM dp_audit ORDER BY seq DESC LIMIT ?", (limit,))[::-1]
+            return [self._audit(r) for r in rows]
+
+        return self._run("audit_rows", fn, write=False)

