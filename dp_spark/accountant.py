@@ -31,7 +31,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Iterable, Optional
 
-from dp_spark.budget import ApproxDP, Budget, MEASURES, PureDP, ZCDP, to_fraction
+from dp_spark.budget import ApproxDP, Budget, MEASURES, ZCDP, to_fraction
 from dp_spark.errors import BudgetExceededError, ConfigError, InvalidBudgetError, MeasureMismatchError
 from dp_spark.events import ComposedEvent, Event, GAUSSIAN, LAPLACE, NoiseEvent
 

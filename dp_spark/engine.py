@@ -43,7 +43,7 @@ from dp_spark.events import ComposedEvent, canonical_json
 from dp_spark.ledger import open_ledger
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.mechanisms.mean import mean_from_noisy, mean_interval, optimal_mean_split
-from dp_spark.mechanisms.release import StatisticPlan, add_noise, plan_statistic
+from dp_spark.mechanisms.release import StatisticPlan, add_noise, grid_midpoint, plan_statistic
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
 from dp_spark.units import Aggregate
 
@@ -109,7 +109,8 @@ def plan_release(spec: ReleaseSpec) -> ReleasePlan:
     elif spec.metric == "mean":
         k = spec.value.grid_exponent
         mech = "discrete_laplace" if isinstance(charge, PureDP) else "discrete_gaussian"
-        split = optimal_mean_split(b, rel, spec.mean.assumed_group_size, mech)
+        split = optimal_mean_split(b, rel, spec.mean.assumed_group_size, mech, budget=charge,
+                                   min_count=spec.mean.min_count)
         sum_share = _share(charge, split)
         count_share = charge - sum_share
         stats = (
@@ -214,7 +215,7 @@ def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: 
             true = [int(partials[k]["sum_fixed"]) for k in keys]
         elif p.statistic == "normalised_sum":
             k = spec.value.grid_exponent
-            mid_fixed = int((spec.value.lower + spec.value.upper) / 2 / Fraction(2) ** k)
+            mid_fixed = grid_midpoint(spec.bounds, k)
             true = [int(partials[key]["sum_fixed"]) - int(partials[key]["rows"]) * mid_fixed for key in keys]
         else:  # pragma: no cover
             raise ConfigError(f"unknown statistic {p.statistic}")
@@ -252,12 +253,16 @@ def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: 
             lo, hi = mean_interval(
                 nsum, ncount, ps.stddev_grid * float(unit), pc.stddev_grid, mid,
                 spec.value.lower, spec.value.upper, spec.mean.min_count, alpha,
+                mechanism=ps.mechanism, sum_halfwidth=ps.halfwidth_grid(alpha / 2) * unit,
+                count_halfwidth=Fraction(pc.halfwidth_grid(alpha / 2)),
             )
             cells.append({
                 "statistic": "mean", "key": keys[i], "value": float(m), "ci_low": float(lo), "ci_high": float(hi),
                 "mechanism": ps.mechanism, "noise_scale": float(ps.scale * unit),
                 "noise_stddev": float(ps.stddev_grid) * float(unit) / max(float(ncount), spec.mean.min_count),
-                "grid": float(unit), "expected_abs_error": (float(hi) - float(lo)) / 2 / 1.96 * 0.7979,
+                "grid": float(unit),
+                # E|error| of the mean, first order: the sum's noise over the floored count
+                "expected_abs_error": _expected_abs(ps) * float(unit) / max(float(ncount), spec.mean.min_count),
             })
     return cells
 

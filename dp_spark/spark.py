@@ -147,8 +147,12 @@ def get_or_create_session(
     builder = SparkSession.builder.appName(app_name)
 
     if "PYSPARK_GATEWAY_PORT" in os.environ:
-        # Launched by spark-submit: the JVM runs with the launcher's conf (loaded from the
-        # JVM system properties by SparkConf()). Fill in only what it left unset.
+        # Launched by spark-submit: the JVM already runs with the launcher's conf. Connect to
+        # it first (no SparkContext yet) so that SparkConf() reads the JVM's spark.* system
+        # properties, then fill in only what the launcher left unset.
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()
         launcher_conf = SparkConf()
         resolved_master = launcher_conf.get("spark.master", DEFAULT_MASTER) or DEFAULT_MASTER
         defaults = dict(_COMMON_DEFAULTS)

@@ -216,7 +216,8 @@ def build_explorer_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", 
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.1%}")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    what = "expected relative error" if error_column == "expected_rel_error" else error_column.replace("_", " ")
+    what = {"expected_rel_error": "expected relative error",
+            "rel_halfwidth": "relative half-width of the interval"}.get(error_column, error_column.replace("_", " "))
     ax.set_title(f"{picked[0].get('release', '')}: {stat} - {what} vs {budget_name}".strip(": "))
     ax.set_xlabel(f"{budget_name} of the release ({'pure DP' if measure == 'pure_dp' else 'zCDP'})")
     ax.set_ylabel(f"{what} (fraction of the true value)")

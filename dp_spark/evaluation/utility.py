@@ -50,6 +50,8 @@ __all__ = [
     "evaluate",
     "bounded_truth",
     "exact_partials",
+    "synthetic_partials",
+    "plan_with_mean_split",
     "unbounded_truth",
     "trend_differences",
 ]
@@ -117,6 +119,45 @@ def _unbounded_by_stat(spec: ReleaseSpec, unbounded: Mapping[str, Mapping[str, A
     return out
 
 
+def synthetic_partials(spec: ReleaseSpec, cells: Mapping[str, Sequence[Sequence[Any]]]
+                       ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
+    """Exact partials and the unbounded truth of small synthetic data, without Spark.
+
+    ``cells`` maps a public key to the rows of each unit in that cell: ``{key: [[v, v, ...],
+    [v], ...]}`` (for counts the values may be anything, e.g. 1). Each unit is assumed to
+    appear in one cell only (L0 = 1 data). Bounding, per unit: the first min(K, Linf) rows
+    (the engine keeps a keyed-random subset of that size; the two agree in distribution when
+    a unit's rows are exchangeable, and exactly when its rows are equal), null/NaN values
+    dropped first for sums and means, each value clamped and put on the grid by the core's
+    reference path (:func:`dp_spark.mechanisms.release.value_to_grid`). Keys without data
+    get zeros. Returns ``(partials, unbounded)`` in the formats :func:`evaluate` takes.
+    """
+    from dp_spark.mechanisms.release import kept_values, value_to_grid
+
+    unknown = [k for k in cells if k not in spec.keys]
+    if unknown:
+        raise ConfigError("synthetic cells must use the spec's public keys")
+    b = spec.bounds
+    keep = min(b.max_rows_per_unit, b.max_rows_per_partition or b.max_rows_per_unit)
+    partials: dict[str, dict[str, int]] = {}
+    unbounded: dict[str, dict[str, Any]] = {}
+    for key in spec.keys:
+        units = [list(u) for u in cells.get(key, [])]
+        if spec.value is not None:
+            units = [kept_values(u) for u in units]
+            units = [u for u in units if u]
+        kept = [u[:keep] for u in units]
+        p = {"rows": sum(len(u) for u in kept), "units": sum(1 for u in kept if u)}
+        raw = {"rows": sum(len(u) for u in units), "units": sum(1 for u in units if u)}
+        if spec.value is not None:
+            k = spec.value.grid_exponent
+            p["sum_fixed"] = sum(value_to_grid(v, b, k) for u in kept for v in u)
+            raw["sum"] = float(sum(Fraction(v) for u in units for v in u))
+        partials[key] = p
+        unbounded[key] = raw
+    return partials, unbounded
+
+
 def exact_partials(df, spec: ReleaseSpec, *, salt: Optional[str] = None) -> dict[str, dict[str, int]]:
     """Exact partials of ``df`` for ``spec`` through the engine's own bounding (Spark).
 
@@ -160,6 +201,34 @@ def unbounded_truth(df, spec: ReleaseSpec) -> dict[str, dict[str, Any]]:
         if spec.value is not None:
             out[k]["sum"] = float(r["sum"] or 0.0) if r else 0.0
     return out
+
+
+def plan_with_mean_split(spec: ReleaseSpec, split: Any):
+    """The engine's plan of a mean ``spec`` with the sum/count budget split forced to ``split``.
+
+    For comparisons only (e.g. the engine's split against a naive 1/2): the statistics are
+    planned by the core's :func:`~dp_spark.mechanisms.release.plan_statistic` exactly as
+    :func:`dp_spark.engine.plan_release` plans them, so the total cost is the spec's charge.
+    """
+    from dp_spark.budget import PureDP, ZCDP
+    from dp_spark.engine import ReleasePlan
+    from dp_spark.mechanisms.release import plan_statistic
+    from dp_spark.units import Aggregate
+
+    if spec.metric != "mean":
+        raise ConfigError("only a mean release has a budget split")
+    f = Fraction(split) if not isinstance(split, float) else Fraction(repr(split))
+    if not 0 < f < 1:
+        raise ConfigError("a mean split must be in (0, 1)")
+    charge = spec.charge
+    sum_share = PureDP(charge.epsilon * f) if isinstance(charge, PureDP) else ZCDP(charge.rho * f)
+    count_share = charge - sum_share
+    b, rel, k, cells = spec.bounds, spec.neighbouring, spec.value.grid_exponent, spec.cells
+    stats = (
+        plan_statistic("count", Aggregate.ROW_COUNT, b, rel, count_share, 0, cells),
+        plan_statistic("normalised_sum", Aggregate.NORMALISED_SUM, b, rel, sum_share, k, cells),
+    )
+    return ReleasePlan(spec=spec, statistics=stats, mean_split=f)
 
 
 # --------------------------------------------------------------------------------------
