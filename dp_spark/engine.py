@@ -155,7 +155,8 @@ def build_partials(df, spec: ReleaseSpec, salt: str):
 
     unit = spec.unit.column
     key = spec.group_by.column if spec.group_by else None
-    df = select_columns(df, list(spec.columns))
+    df = select_columns(df, list(spec.columns), unit_col=unit, key_cols=(key,) if key else (),
+                        value_col=spec.value.column if spec.value is not None else None)
     df = drop_null_units(df, unit_col=unit)
     if spec.value is not None:
         df = apply_value_policy(df, value_col=spec.value.column)
@@ -176,12 +177,13 @@ def build_partials(df, spec: ReleaseSpec, salt: str):
     )
     fixed = None
     if spec.value is not None:
-        fixed = "__dp_value_fixed"
+        fixed = "dp_value_fixed" if "dp_value_fixed" not in spec.columns else "dp_value_fixed_"
         df = clamp_to_fixed_point(
             df,
             value_col=spec.value.column,
-            lower=spec.value.lower,
-            upper=spec.value.upper,
+            # grid-aligned bounds within 2^52 grid units: exactly representable as floats
+            lower=float(spec.value.lower),
+            upper=float(spec.value.upper),
             frac_bits=-spec.value.grid_exponent,
             out_col=fixed,
         )
@@ -468,8 +470,15 @@ class Engine:
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         # 6. write (atomic, insert-if-absent), then commit the reservation
         with _stage(self.spark, "write", release_id):
-            write_release(self.spark, path, rows)
-        self.ledger.commit(release_id, owner)
+            won = self._write_once(path, release_id, rows)
+        del rows, cells  # the noisy values now live in the table only
+        if not won:
+            # a concurrent run (which took the reservation over) wrote first: its output is the
+            # release; ours was never written or shown, and the reservation is charged once
+            self._commit_if_owner(release_id, owner)
+            self._audit(spec, "cache_hit", release_id, None, "concurrent run won the write")
+            return self._stored(spec, release_id, path, "cache_hit", "a concurrent run published it")
+        self._commit_if_owner(release_id, owner)
         status = "degraded" if _degraded_from else "published"
         self._audit(spec, status, release_id, charged,
                     f"degraded from {_degraded_from}" if _degraded_from else "")
@@ -477,6 +486,34 @@ class Engine:
         result = self._stored(spec, release_id, path, status)
         return replace(result, charge=charged,
                        note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
+
+    def _write_once(self, path: str, release_id: str, rows) -> bool:
+        """Write the release insert-if-absent; False when another run's write got there first."""
+        from dp_spark.release.writer import release_present, write_release
+
+        if release_present(self.spark, path, release_id):
+            return False
+        try:
+            write_release(self.spark, path, rows)
+        except Exception as exc:
+            # Delta's optimistic concurrency: a concurrent MERGE into the same table conflicts.
+            if "Concurrent" in type(exc).__name__ or "DELTA_CONCURRENT" in str(exc)[:2000]:
+                if release_present(self.spark, path, release_id):
+                    return False
+                write_release(self.spark, path, rows)  # the conflict was another release's append
+                return True
+            raise
+        return True
+
+    def _commit_if_owner(self, release_id: str, owner: str) -> None:
+        try:
+            self.ledger.commit(release_id, owner)
+        except ReleaseConflictError:
+            entry = self.ledger.find(release_id)
+            if entry is None or entry.state != "committed":
+                # the release is written (found by id); whoever owns the reservation now
+                # commits it, and any later run heals it by finding the release
+                log.info("release %s: written; the reservation is owned by another run", release_id[:12])
 
     def _reserve(self, spec, release_id, charge, event_json, owner):
         deadline = time.monotonic() + self.env.lease_seconds + 10

@@ -1,0 +1,127 @@
+"""Governance beside the mechanism: who may release what, minimum group sizes, versions and
+rollback, retention, and the generated privacy statement. See ``docs/governance.md``.
+
+Where each piece sits in the release protocol (``Engine.publish``)::
+
+    principal = resolve_principal(spark)                        # once, in Engine.__init__
+    access    = access_policy_for_env(env)                      # once, in Engine.__init__
+    authorize(access, principal, "publish", mode=mode, spec=spec, ledger=ledger)
+                                                                # first thing, before any data
+    ... reserve, bound, aggregate, noise_cells ...
+    cells, suppressed = apply_min_group_size(cells, ...)        # driver, noisy cells only
+    ... write release, ledger commit, audit ...
+    after_official_release(spark, env=env, spec=spec, ...)      # official mode only: version +
+                                                                # statement (also on cache hits)
+
+and for an admin's rollback: :func:`rollback_family`.
+
+The submodules ``access``, ``thresholds``, ``statement`` and ``retention`` import no pyspark;
+``versions`` does (imported lazily here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from dp_spark.governance.access import (
+    ACTIONS,
+    PRINCIPAL_ENV,
+    ROLES,
+    AccessPolicy,
+    access_policy_for_env,
+    authorize,
+    is_preregistered,
+    load_access_policy,
+    resolve_principal,
+    resolve_principal_with_source,
+)
+from dp_spark.governance.retention import RETENTION, staging_area, sweep_stale
+from dp_spark.governance.statement import (
+    build_and_write_statement,
+    privacy_statement,
+    statement_markdown,
+    write_statement,
+)
+from dp_spark.governance.thresholds import (
+    MinGroupSize,
+    apply_min_group_size,
+    count_statistic_for,
+    min_group_size_from_dict,
+    suppression_summary,
+)
+
+__all__ = [
+    "ACTIONS",
+    "PRINCIPAL_ENV",
+    "RETENTION",
+    "ROLES",
+    "AccessPolicy",
+    "MinGroupSize",
+    "access_policy_for_env",
+    "after_official_release",
+    "apply_min_group_size",
+    "authorize",
+    "build_and_write_statement",
+    "count_statistic_for",
+    "is_preregistered",
+    "load_access_policy",
+    "min_group_size_from_dict",
+    "privacy_statement",
+    "resolve_principal",
+    "resolve_principal_with_source",
+    "rollback_family",
+    "staging_area",
+    "statement_dir",
+    "statement_markdown",
+    "suppression_summary",
+    "sweep_stale",
+    "write_statement",
+]
+
+
+def statement_dir(env: Any) -> Path:
+    """Where the privacy statements of an env are written: ``<warehouse>/statements``."""
+    return Path(env.warehouse) / "statements"
+
+
+def after_official_release(spark, *, env: Any, family: str, release_id: str, principal: str, ledger: Any,
+                           releases_dir: str | Path, write: bool = True) -> tuple[int, Optional[Path]]:
+    """Make ``release_id`` the current version of ``family`` and regenerate its statement.
+
+    Call after the release write and the ledger commit of an OFFICIAL release, and also on a
+    cache hit or a healed release (idempotent: it heals a crash between the commit and the
+    versioning; a withdrawn release stays withdrawn). Returns (version number, statement .md
+    path or None when ``write`` is False).
+    """
+    from dp_spark.governance.versions import published_path_for, record_publication
+
+    pub = published_path_for(env.output_root)
+    no = record_publication(spark, pub, family, release_id, principal)
+    md = None
+    if write:
+        _, _, md = build_and_write_statement(
+            spark, family=family, ledger=ledger, releases_dir=releases_dir,
+            releases_path=f"{env.output_root}/{family}", published_path=pub, out_dir=statement_dir(env))
+    return no, md
+
+
+def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str, ledger: Any,
+                    access: AccessPolicy, write: bool = True) -> tuple[str, Optional[str]]:
+    """An admin's rollback, end to end: permission (refusal audited), withdraw + restore in one
+    commit, one audit row (decision ``withdrawn``, no charge: nothing is refunded), and the
+    regenerated statement with the erratum. Returns (withdrawn id, restored id or None)."""
+    from dp_spark.governance.versions import published_path_for, rollback
+
+    authorize(access, principal, "rollback", ledger=ledger, spec_name=family)
+    pub = published_path_for(env.output_root)
+    withdrawn, restored = rollback(spark, pub, family, principal, reason)
+    ledger.append_audit(principal=principal, action="rollback", spec_name=family, spec_version=None,
+                        decision="withdrawn", release_id=withdrawn, charge_json=None,
+                        detail={"family": family, "restored": restored, "reason": reason[:400],
+                                "refund": "none: the withdrawn release was published"})
+    if write:
+        build_and_write_statement(spark, family=family, ledger=ledger, releases_dir=access.releases_dir,
+                                  releases_path=f"{env.output_root}/{family}", published_path=pub,
+                                  out_dir=statement_dir(env))
+    return withdrawn, restored

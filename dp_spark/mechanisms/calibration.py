@@ -13,7 +13,7 @@ References: Laplace/discrete Laplace: Dwork et al. 2006, Ghosh et al. 2012, CKS2
 Gaussian under zCDP: Canonne, Kamath, Steinke 2020, Theorem 4 (the discrete Gaussian with
 sigma satisfies (Delta^2 / (2 sigma^2))-zCDP, the same as the continuous one); analytic
 Gaussian: Balle & Wang 2018, Theorem 8; zCDP -> (epsilon, delta): OpenDP 0.16
-``make_zCDP_to_approxDP`` (the conversion of Canonne, Kamath, Steinke 2020, Prop. / Cor. 13),
+``make_zCDP_to_approxDP`` (the zCDP conversion of Canonne, Kamath, Steinke 2020),
 never a hand-typed formula.
 """
 

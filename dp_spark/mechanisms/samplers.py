@@ -23,7 +23,7 @@ Sources
       (discrete Laplace: memoryless, so X | X >= M is M + Geometric; discrete Gaussian: exact
       rejection from a geometric proposal). For sigma above 2^56 the discrete Gaussian is drawn
       wholly by the exact pure-Python CKS20 sampler below on ``secrets`` (the OS CSPRNG);
-      below 2^56 a clamped Gaussian draw has probability < e^-8000 and the tail code is a guard.
+      below 2^56 a clamped Gaussian draw has probability < e^-8192 and the tail code is a guard.
 
 :class:`SeededNoiseSource` (tests only)
     The same CKS20 algorithms written in pure Python with integer/Fraction arithmetic, driven
@@ -48,6 +48,8 @@ import threading
 from collections import OrderedDict
 from fractions import Fraction
 from typing import Any, Callable, NamedTuple
+
+import numpy as np
 
 from dp_spark.budget import to_fraction
 from dp_spark.errors import ConfigError, InvalidBudgetError, TestModeError
@@ -320,7 +322,9 @@ class OpenDPNoiseSource(NoiseSource):
         return meas
 
     def _vector(self, kind: str, scale: float, n: int) -> list[int]:
-        out = self._measurement(kind, scale)([0] * n)
+        # A zero int64 ndarray takes OpenDP's buffer path (no per-element Python checks);
+        # numpy is used for the zeros only, never for randomness.
+        out = list(self._measurement(kind, scale)(np.zeros(n, dtype=np.int64)))
         if len(out) != n:  # defensive: never release a short vector
             raise ConfigError("the noise library returned the wrong number of draws")
         return out

@@ -366,7 +366,9 @@ def bound_contributions(
     the first one runs partially before the shuffle, so a unit with 10^6 rows ships only the
     rows of its locally top-L0 partitions (the optimiser does this for limits up to
     ``spark.sql.optimizer.windowGroupLimitThreshold``, 1000 by default; above that the result
-    is the same, only slower).
+    is the same, only slower). All three windows share one shuffle (hash of the unit); a unit
+    with very many rows in a *single* partition key is reduced only after that shuffle (one
+    task sorts them, spilling if needed).
 
     With ``partition_col=None`` there is one partition per unit: L0 is irrelevant and the unit
     keeps ``min(K, Linf)`` rows (whichever are given). A bound given as None is not enforced;
@@ -555,8 +557,7 @@ def clamp_to_fixed_point(
         )
     if not isinstance(out_col, str) or not out_col:
         raise ConfigError("out_col must be a non-empty string")
-    if out_col.startswith(TEMP_PREFIX):
-        raise ConfigError(f"out_col may not use the reserved prefix {TEMP_PREFIX!r}")
+    # out_col may use the __dp_ prefix (an engine-internal column); it may not clobber one.
     if out_col != value_col and out_col in df.columns:
         raise SchemaError(f"output column {out_col!r} already exists in the input")
 

@@ -90,7 +90,7 @@ def test_rerun_is_a_cache_hit_with_identical_output(spark, warehouse):
     assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
     n = spark.read.format("delta").load(first.table_path).count()
     assert n == 30
-    decisions = [a["decision"] for a in eng.ledger.audit_rows()]
+    decisions = [a.decision for a in eng.ledger.audit_rows()]
     assert decisions.count("published") == 1 and decisions.count("cache_hit") == 4
 
 
@@ -107,10 +107,9 @@ def test_new_input_version_is_a_new_release(spark, warehouse):
 
 def _policies(tmp_path, cap_rho):
     src = yaml.safe_load((ROOT / "conf/policies/budgets.yaml").read_text())
-    for b in src["budgets"]:
-        if b["id"] == "demo_events_user":
-            b["cap"] = {"rho": cap_rho}
-            b["max_per_release"] = {"rho": cap_rho}
+    b = src["budgets"]["demo_events_user"]
+    b["cap"] = {"rho": cap_rho}
+    b["max_per_release"] = {"rho": cap_rho}
     p = tmp_path / "budgets.yaml"
     p.write_text(yaml.safe_dump(src))
     return p
@@ -128,7 +127,7 @@ def test_exhausted_budget_rejects_and_writes_nothing(spark, warehouse, tmp_path)
     if aov_path.exists():
         assert spark.read.format("delta").load(str(aov_path)).count() == 0
     assert len(ledger_entries(eng)) == 1
-    assert eng.ledger.audit_rows()[-1]["decision"] == "refused_budget"
+    assert eng.ledger.audit_rows()[-1].decision == "refused_budget"
 
 
 def test_return_existing_when_exhausted(spark, warehouse, tmp_path):
@@ -179,7 +178,8 @@ def test_crash_after_write_is_healed(spark, warehouse, monkeypatch):
     again = engine(spark, warehouse).publish(dau)
     assert again.status == "healed" and again.charge is None
     assert len(again.rows) == 30
-    assert [e.state for e in ledger_entries(again_engine := engine(spark, warehouse))] == ["committed"]
+    again_engine = engine(spark, warehouse)
+    assert [e.state for e in ledger_entries(again_engine)] == ["committed"]
     assert again_engine.ledger.status("demo_events_user").spent == ZCDP("0.25")
     assert spark.read.format("delta").load(again.table_path).count() == 30
 
@@ -197,7 +197,7 @@ def test_two_concurrent_runs_one_output_one_charge(spark, warehouse):
     threads = [threading.Thread(target=run) for _ in range(2)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert not errors
+    assert not errors, [str(e)[:2000] for e in errors]
     assert sorted(r.status for r in results) == ["cache_hit", "published"]
     a, b = results
     assert sorted((r["key"], r["value"]) for r in a.rows) == sorted((r["key"], r["value"]) for r in b.rows)
@@ -234,9 +234,9 @@ def test_copied_table_under_new_budget_is_refused(spark, warehouse, tmp_path):
     copy = Path(env.warehouse) / "input" / "renamed_events"
     shutil.copytree(env.datasets["demo_events"], copy)
     pol = yaml.safe_load((ROOT / "conf/policies/budgets.yaml").read_text())
-    fresh = dict(next(b for b in pol["budgets"] if b["id"] == "demo_events_user"))
-    fresh["id"], fresh["dataset"] = "fresh_budget", "renamed_events"
-    pol["budgets"].append(fresh)
+    fresh = dict(pol["budgets"]["demo_events_user"])
+    fresh["dataset"] = "renamed_events"
+    pol["budgets"]["fresh_budget"] = fresh
     pfile = tmp_path / "p2.yaml"
     pfile.write_text(yaml.safe_dump(pol))
     env2 = write_env(tmp_path, policies=pfile, extra_datasets={"renamed_events": "{warehouse}/input/renamed_events"})

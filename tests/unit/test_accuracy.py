@@ -145,7 +145,7 @@ def source(request, monkeypatch):
 
 # (kind, scale, h0): alpha is put in the middle of the coverage step between h0 - 1 and h0,
 # computed from the brute-force pmf, so halfwidth(alpha) must be exactly h0 and the empirical
-# coverage at h0 / h0 - 1 must fall on either side of 1 - alpha by >= 4 standard errors.
+# coverage at h0 / h0 - 1 must fall on either side of 1 - alpha by >= 8 standard errors.
 COVERAGE_CASES = [
     ("discrete_laplace", 0.7, 2),
     ("discrete_laplace", 2.0, 5),
@@ -164,7 +164,7 @@ def test_halfwidth_empirical_coverage(source, kind, scale, h0):
     t_hm1 = _brute_tail(kind, scale, h0 - 1, span)
     alpha = 0.5 * (t_h + t_hm1)
     se = math.sqrt(alpha * (1 - alpha) / N)
-    assert (t_hm1 - t_h) / 2 >= 4 * se, "case too weak to test with this many draws"
+    assert (t_hm1 - t_h) / 2 >= 8 * se, "case too weak to test with this many draws"
 
     h = acc.noise_halfwidth(kind, Fraction(scale), alpha)
     assert h == h0

@@ -317,3 +317,52 @@ def test_scan_detects_forbidden_patterns():
 
 # Generated once from SeededNoiseSource(0); pinned so that any change of the stream shows.
 KNOWN_ANSWER_SEED0 = [1, 0, 1, 3, 0, 4, 5, -1, -1, 4, -5, 2, -2, -5, 1, 1]
+
+
+# --- the grid (dp_spark.mechanisms.grid) --------------------------------------------------
+from dp_spark.errors import InvalidBoundsError  # noqa: E402
+from dp_spark.mechanisms import GRID_DEFAULT_EXPONENT, from_grid, on_grid, to_grid  # noqa: E402
+
+
+def test_grid_exponent_from_public_bounds():
+    assert GRID_DEFAULT_EXPONENT == -20
+    assert grid_exponent_for(0, 100) == -20  # finest allowed
+    assert grid_exponent_for(0, 0) == -20
+    assert grid_exponent_for(-2**32, 1) == -20  # 2^32 * 2^20 = 2^52 fits
+    assert grid_exponent_for(0, 2**32 + 1) == -19
+    assert grid_exponent_for(0, 2**40) == -12
+    assert grid_exponent_for(-2**40, 3.5) == -12
+    assert grid_exponent_for(0, 2**52) == 0
+    assert grid_exponent_for(0, 1000, max_bits=20) == -10
+    for lo, hi in [(0, 100), (-2**40, 2**40 - 1), (0.1, 7.25)]:
+        k = grid_exponent_for(lo, hi)
+        assert max(abs(Fraction(lo)), abs(Fraction(hi))) * Fraction(2) ** -k <= 2**52
+        if k > -20:  # not coarser than needed
+            assert max(abs(Fraction(lo)), abs(Fraction(hi))) * Fraction(2) ** -(k - 1) > 2**52
+
+
+@pytest.mark.parametrize(
+    "lo,hi,kw",
+    [(1, 0, {}), (math.nan, 1, {}), (0, math.inf, {}), (0, 2**53, {}), (0, 1, {"max_bits": 0}), (0, 1, {"max_bits": 63}), (True, 1, {})],
+)
+def test_grid_exponent_bad_bounds(lo, hi, kw):
+    with pytest.raises(InvalidBoundsError):
+        grid_exponent_for(lo, hi, **kw)
+
+
+def test_to_grid_round_half_even_exact():
+    assert to_grid(2.5, 0) == 2 and to_grid(3.5, 0) == 4 and to_grid(-2.5, 0) == -2
+    assert to_grid(Fraction(1, 3), -1) == 1  # 2/3 -> 1
+    assert to_grid(0.1, -20) == round(Fraction(0.1) * 2**20)
+    assert to_grid(2**40, -12) == 2**52
+    assert to_grid(-0.0, -20) == 0
+    assert from_grid(3, -2) == Fraction(3, 4)
+    assert from_grid(to_grid(Fraction(5, 8), -3), -3) == Fraction(5, 8)
+    assert on_grid(Fraction(3, 4), -2) and not on_grid(Fraction(3, 8), -2)
+    for bad in (math.nan, math.inf, "1", None):
+        with pytest.raises(InvalidBoundsError):
+            to_grid(bad, -20)
+    with pytest.raises(InvalidBoundsError):
+        to_grid(1, 1)
+    with pytest.raises(InvalidBoundsError):
+        from_grid(1.0, -2)  # type: ignore[arg-type]

@@ -1,0 +1,674 @@
+"""The published privacy statement of a release family, generated -- never written by hand.
+
+:func:`privacy_statement` builds one JSON-able dict from exactly three sources:
+
+* the family's pre-registered specs (``ReleaseSpec``): unit, neighbour relation, bounds,
+  clamps, metric, charge per release, confidence;
+* the ledger: the charge of every release (exact), its state, the budget policy (measure,
+  cap, window, statement delta), and everything else charged to the same budget (other
+  families on the same data compose with this one);
+* the tables: the family's release rows (mechanisms, per-release (epsilon, delta)
+  statements, suppressed keys) and its versions (current, superseded, withdrawn + reason).
+
+It also cross-checks them (``consistency``): every published version has a committed ledger
+entry and release rows; every release's recorded charge equals its ledger charge and its
+(epsilon, delta) equals the accountant's statement of that charge; unit, neighbour relation
+and bounds of each release match its spec; at most one version is current. A statement with
+problems is refused by :func:`write_statement` (unless forced): an inconsistent statement
+must not be published.
+
+:func:`statement_markdown` renders the dict; :func:`write_statement` writes
+``<family>.json`` and ``<family>.md``. :func:`build_and_write_statement` reads the inputs with
+Spark and writes the statement (what the engine calls after a publish and after a rollback).
+
+The statement contains no data values except published ones' metadata: keys of suppressed
+cells (public keys) and privacy parameters. Nothing here imports pyspark at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import OrderedDict
+from datetime import datetime, timezone
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from dp_spark.budget import MEASURES, Budget, budget_from_json
+from dp_spark.errors import DpSparkError
+
+__all__ = [
+    "SCHEMA",
+    "LIMITATIONS",
+    "privacy_statement",
+    "statement_markdown",
+    "write_statement",
+    "summarise_release_rows",
+    "specs_for_family",
+    "load_statement_inputs",
+    "build_and_write_statement",
+    "StatementInconsistentError",
+]
+
+SCHEMA = "dp_spark.privacy_statement/1"
+
+NEIGHBOURING_MEANING = {
+    "add_remove_unit": "two datasets are neighbours when one has all the records of one {unit} more "
+                       "than the other (adding or removing a whole {unit})",
+    "replace_unit": "two datasets are neighbours when all the records of one {unit} are replaced by "
+                    "those of another {unit}",
+    "event": "two datasets are neighbours when they differ in one event (one row); a {unit} with many "
+             "events is NOT protected as a whole",
+}
+
+MECHANISM_MEANING = {
+    "discrete_laplace": "discrete Laplace noise (pure epsilon-DP), exact sampler, one draw per cell",
+    "discrete_gaussian": "discrete Gaussian noise (rho-zCDP, stated as (epsilon, delta)), exact sampler, "
+                         "one draw per cell",
+}
+
+LIMITATIONS = (
+    "Differential privacy bounds how much the published numbers can depend on any one protected unit. "
+    "It does not protect the raw data: who can read the input tables is an access-control question.",
+    "It does not stop malicious insiders: anyone with raw-data access, or with the ledger key, is "
+    "outside the guarantee.",
+    "It does not prevent business-logic leaks: a release that should never be public (for example one "
+    "that reveals a confidential business figure) is not made acceptable by noise.",
+    "Dropping names and hashing identifiers is not anonymisation: a hash is a stable, linkable "
+    "identifier and gives no guarantee on what a release reveals. Here a hashed id is only the privacy "
+    "unit's key; the guarantee comes from bounding and noise.",
+    "Privacy loss does not expire mathematically. Budget windows (daily, monthly, rolling) only bound "
+    "the loss per period; releases of different periods about the same units still compose, and the "
+    "all-time totals below are the loss to date.",
+    "Every release about the same data and unit composes with this family's releases, including other "
+    "families and exploration releases charged to the same budget (see 'whole budget' totals).",
+    "Values are clamped and rows per unit are capped before aggregation: this bias is not covered by "
+    "the published intervals, which cover the noise only.",
+    "Minimum group sizes are applied to noisy counts (post-processing); a suppressed cell's key is "
+    "public (the key set is declared in advance), only its value is withheld.",
+    "A withdrawn version was published: withdrawing it removes it from the published view, not from "
+    "the world, and its privacy loss is still counted (no refund).",
+)
+
+_HASH_HINTS = ("hash", "sha", "md5", "digest", "hmac", "pseudo")
+
+
+class StatementInconsistentError(DpSparkError):
+    """The statement's sources disagree (ledger vs release tables vs versions)."""
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+def _iso(t: Any) -> Optional[str]:
+    if t is None:
+        return None
+    if isinstance(t, datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=timezone.utc)  # release tables store naive UTC
+        return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return str(t)
+
+
+def _budget_json(b: Optional[Budget]) -> Optional[dict[str, str]]:
+    return None if b is None else b.to_json()
+
+
+def _floats(b: Optional[Budget]) -> Optional[dict[str, float]]:
+    return None if b is None else b.as_floats()
+
+
+def _close(a: Optional[float], b: Optional[float]) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _statement_of(total: Budget, policy: Any) -> dict[str, Any]:
+    """The (epsilon, delta) statement of a total in the budget's measure."""
+    from dp_spark.accountant import Accountant
+
+    if policy is None:
+        return {"epsilon": None, "delta": None}
+    acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
+    st = acc.statement(total)
+    return {"epsilon": st.get("epsilon"), "delta": st.get("delta")}
+
+
+def summarise_release_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per release id from release-table rows (already-summarised rows, i.e.
+    carrying ``suppressed_keys``, pass through). Ordered by creation time."""
+    out: "OrderedDict[str, dict[str, Any]]" = OrderedDict()
+    for r in rows:
+        rid = r["release_id"]
+        if "suppressed_keys" in r:
+            out[rid] = dict(r)
+            continue
+        s = out.get(rid)
+        if s is None:
+            s = out[rid] = {k: r.get(k) for k in (
+                "release_id", "release_family", "release_name", "spec_version", "mode", "created_at",
+                "statement_epsilon", "statement_delta", "charge_json", "charge_epsilon", "charge_rho",
+                "budget_id", "privacy_unit", "unit_column", "neighbouring", "bounds_json", "confidence",
+                "parallel_composition", "key_column", "input_table_id", "input_version", "code_version")}
+            s.update(mechanisms=set(), statistics=set(), suppressed_keys=set(), cells=0)
+        s["cells"] += 1
+        s["mechanisms"].add(r.get("mechanism"))
+        s["statistics"].add(r.get("statistic"))
+        if r.get("suppressed"):
+            s["suppressed_keys"].add(r.get("key"))
+        if r.get("created_at") is not None and (s["created_at"] is None or r["created_at"] < s["created_at"]):
+            s["created_at"] = r["created_at"]
+    res = []
+    for s in out.values():
+        s = dict(s)
+        for k in ("mechanisms", "statistics", "suppressed_keys"):
+            s[k] = sorted(x for x in (s.get(k) or ()) if x is not None)
+        res.append(s)
+    res.sort(key=lambda s: (_iso(s.get("created_at")) or "", s["release_id"]))
+    return res
+
+
+def _spec_json(spec: Any) -> dict[str, Any]:
+    from dp_spark.config import bounds_to_json
+
+    d: dict[str, Any] = {
+        "name": spec.name,
+        "version": spec.version(),
+        "description": spec.description,
+        "dataset": spec.dataset,
+        "metric": spec.metric,
+        "privacy_unit": {"kind": spec.unit.kind.value, "column": spec.unit.column},
+        "neighbouring": spec.neighbouring.value,
+        "group_by": None if spec.group_by is None else {
+            "column": spec.group_by.column, "kind": spec.group_by.kind, "cells": len(spec.group_by.values),
+            "first_key": spec.group_by.values[0], "last_key": spec.group_by.values[-1]},
+        "bounds": bounds_to_json(spec.bounds),
+        "clamp": None if spec.value is None else {
+            "column": spec.value.column,
+            "declared": [str(spec.value.declared_lower), str(spec.value.declared_upper)],
+            "enforced": [str(spec.value.lower), str(spec.value.upper)]},
+        "mean": None if spec.mean is None else {"assumed_group_size": spec.mean.assumed_group_size,
+                                                "min_count": spec.mean.min_count},
+        "budget_id": spec.budget_id,
+        "charge_per_release": spec.charge.to_json(),
+        "confidence": str(spec.confidence),
+        "columns_read": list(spec.columns),
+        "max_cells": spec.max_cells,
+        "parallel_composition": spec.bounds.max_partitions_per_unit == 1 and spec.cells > 1,
+        "on_exhausted": spec.on_exhausted.policy,
+        "source": str(spec.source),
+    }
+    mgs = getattr(spec, "min_group_size", None)
+    if mgs is not None:
+        d["min_group_size"] = mgs.to_json() if hasattr(mgs, "to_json") else mgs
+    return d
+
+
+def _spec_for_release(rel: Mapping[str, Any], specs: Sequence[Any]) -> tuple[Optional[Any], str]:
+    """(spec, how): the spec whose version the release carries ("exact"), or whose name
+    prefixes the release's name (a per-key restriction: "restriction"), or (None, "unknown")."""
+    for s in specs:
+        if s.version() == rel.get("spec_version"):
+            return s, "exact"
+    name = rel.get("release_name") or ""
+    for s in sorted(specs, key=lambda s: -len(s.name)):
+        if s.group_by is not None and name.startswith(s.name) and name != s.name:
+            return s, "restriction"
+    return None, "unknown"
+
+
+# --------------------------------------------------------------------------------------
+# the statement
+# --------------------------------------------------------------------------------------
+def privacy_statement(
+    family: str,
+    specs: Sequence[Any],
+    ledger: Any,
+    releases: Sequence[Mapping[str, Any]],
+    published: Sequence[Mapping[str, Any]],
+    *,
+    policies: Optional[Mapping[str, Any]] = None,
+    now: Optional[datetime] = None,
+) -> dict[str, Any]:
+    """The statement of ``family`` (see the module docstring).
+
+    ``specs``: the family's registered specs (any number of versions). ``ledger``: anything
+    with ``entries(budget_id)``, ``status(budget_id)`` and ideally ``get_policy(budget_id)``
+    (else pass ``policies``: budget id -> BudgetPolicy). ``releases``: the family's official
+    release-table rows, or their summaries (:func:`summarise_release_rows`). ``published``:
+    the family's rows of the versions table.
+    """
+    specs = [s for s in specs if s.family == family]
+    if not specs:
+        raise DpSparkError(f"no registered spec of family {family!r}: a statement is generated from specs")
+    rels = summarise_release_rows([r for r in releases if r.get("release_family", family) == family])
+    rel_by_id = {r["release_id"]: r for r in rels}
+    versions = sorted((dict(v) for v in published if v.get("family", family) == family),
+                      key=lambda v: int(v["version_no"]))
+    version_of = {v["release_id"]: v for v in versions}
+    problems: list[str] = []
+
+    # budgets, policies, ledger entries
+    budget_ids = sorted({s.budget_id for s in specs} | {r["budget_id"] for r in rels if r.get("budget_id")})
+    pols: dict[str, Any] = {}
+    for bid in budget_ids:
+        pol = None
+        if hasattr(ledger, "get_policy"):
+            try:
+                pol = ledger.get_policy(bid)
+            except DpSparkError:
+                pol = None
+        if pol is None and policies is not None:
+            pol = policies.get(bid)
+        pols[bid] = pol
+    all_entries = {bid: list(ledger.entries(bid)) for bid in budget_ids}
+    fam_entries = {bid: [e for e in es if e.release_family == family] for bid, es in all_entries.items()}
+    entry_of = {e.release_id: e for es in fam_entries.values() for e in es}
+
+    # -- per release (every charge of this family, published or not) -----------------------
+    per_release = []
+    for bid in budget_ids:
+        for e in fam_entries[bid]:
+            rel = rel_by_id.get(e.release_id)
+            v = version_of.get(e.release_id)
+            per_release.append({
+                "release_id": e.release_id, "budget_id": bid, "charge": e.charge.to_json(),
+                "charge_float": e.charge.as_floats(), "ledger_state": e.state,
+                "statement": _statement_of(e.charge, pols.get(bid)),
+                "charged_at": _iso(e.created_at), "committed_at": _iso(e.committed_at),
+                "in_release_table": rel is not None,
+                "version_no": None if v is None else int(v["version_no"]),
+                "version_state": None if v is None else v["state"],
+                "kind": "official" if rel is not None else "not in the official table (exploration, or "
+                        "reserved and never written)",
+            })
+
+    # -- windows ----------------------------------------------------------------------------
+    accounting, per_window, all_time, current_window = [], [], [], []
+    for bid in budget_ids:
+        pol = pols.get(bid)
+        try:
+            st = ledger.status(bid, now) if now is not None else ledger.status(bid)
+        except TypeError:
+            st = ledger.status(bid)
+        measure = pol.measure if pol is not None else st.measure
+        zero = MEASURES[measure].zero()
+        accounting.append({
+            "budget_id": bid, "measure": measure,
+            "accountant": {"pure_dp": "pure epsilon-DP, basic composition (epsilons add)",
+                           "zcdp": "rho-zCDP (rhos add), stated as (epsilon, delta) via OpenDP's conversion",
+                           "approx_dp": "(epsilon, delta)-DP, basic composition"}.get(measure, measure),
+            "cap": _budget_json(pol.cap if pol is not None else st.cap),
+            "cap_statement": _statement_of(pol.cap if pol is not None else st.cap, pol),
+            "statement_delta": None if pol is None or pol.statement_delta is None else str(pol.statement_delta),
+            "window": None if pol is None else pol.window.describe(),
+            "max_per_release": None if pol is None else _budget_json(pol.max_per_release),
+            "dataset": None if pol is None else pol.dataset,
+            "privacy_unit": None if pol is None else pol.privacy_unit,
+        })
+        fam_total = sum((e.charge for e in fam_entries[bid]), zero)
+        bud_total = sum((e.charge for e in all_entries[bid]), zero)
+        all_time.append({"budget_id": bid, "family_total": fam_total.to_json(),
+                         "family_statement": _statement_of(fam_total, pol),
+                         "budget_total": bud_total.to_json(), "budget_statement": _statement_of(bud_total, pol),
+                         "family_releases": len(fam_entries[bid]), "budget_releases": len(all_entries[bid])})
+        current_window.append({"budget_id": bid, "start": _iso(st.window_start), "end": _iso(st.window_end),
+                               "cap": st.cap.to_json(), "spent": st.spent.to_json(),
+                               "remaining": st.remaining.to_json(),
+                               "spent_statement": _statement_of(st.spent, pol)})
+        if pol is not None and pol.window.kind in ("none", "daily", "monthly"):
+            groups: "OrderedDict[tuple, dict[str, Any]]" = OrderedDict()
+            for e in sorted(all_entries[bid], key=lambda e: e.created_at):
+                start, end = pol.window.bounds(e.created_at)
+                g = groups.setdefault((start, end), {"fam": zero, "bud": zero, "n_fam": 0, "n_bud": 0})
+                g["bud"] = g["bud"] + e.charge
+                g["n_bud"] += 1
+                if e.release_family == family:
+                    g["fam"] = g["fam"] + e.charge
+                    g["n_fam"] += 1
+            for (start, end), g in groups.items():
+                if g["n_fam"] == 0:
+                    continue
+                per_window.append({
+                    "budget_id": bid, "window": pol.window.describe(), "start": _iso(start), "end": _iso(end),
+                    "family_total": g["fam"].to_json(), "family_statement": _statement_of(g["fam"], pol),
+                    "family_releases": g["n_fam"], "budget_total": g["bud"].to_json(),
+                    "budget_statement": _statement_of(g["bud"], pol), "budget_releases": g["n_bud"],
+                    "cap": pol.cap.to_json(),
+                })
+
+    # -- versions, errata, current ------------------------------------------------------------
+    version_rows, errata = [], []
+    current = [v for v in versions if v["state"] == "current"]
+    if len(current) > 1:
+        problems.append(f"{len(current)} versions are current")
+    for v in versions:
+        rid = v["release_id"]
+        rel = rel_by_id.get(rid)
+        e = entry_of.get(rid)
+        if e is None:
+            problems.append(f"version {v['version_no']}: release {rid} has no ledger entry of this family")
+        elif e.state != "committed":
+            problems.append(f"version {v['version_no']}: ledger entry of release {rid} is not committed")
+        if rel is None:
+            problems.append(f"version {v['version_no']}: release {rid} has no rows in the official release table")
+        row = {
+            "version_no": int(v["version_no"]), "release_id": rid, "state": v["state"],
+            "published_by": v.get("principal"), "published_at": _iso(v.get("at")),
+            "release_name": None if rel is None else rel.get("release_name"),
+            "spec_version": None if rel is None else rel.get("spec_version"),
+            "input_version": None if rel is None else rel.get("input_version"),
+            "charge": None if e is None else e.charge.to_json(),
+            "statement": None if rel is None else {"epsilon": rel.get("statement_epsilon"),
+                                                    "delta": rel.get("statement_delta")},
+            "mechanisms": [] if rel is None else rel.get("mechanisms", []),
+            "suppressed_keys": [] if rel is None else rel.get("suppressed_keys", []),
+        }
+        version_rows.append(row)
+        if v["state"] == "withdrawn":
+            errata.append({"version_no": int(v["version_no"]), "release_id": rid,
+                           "withdrawn_at": _iso(v.get("changed_at")), "withdrawn_by": v.get("changed_by"),
+                           "reason": v.get("reason"),
+                           "charge_kept": None if e is None else e.charge.to_json(),
+                           "note": "withdrawn from the published view; its privacy loss still counts"})
+
+    # -- release rows vs ledger vs specs -------------------------------------------------------
+    thresholds = []
+    for rel in rels:
+        rid = rel["release_id"]
+        e = entry_of.get(rid)
+        if e is None:
+            problems.append(f"release {rid} is in the release table but has no ledger entry of this family")
+        else:
+            if e.state != "committed":
+                problems.append(f"release {rid}: ledger entry is {e.state}, not committed")
+            try:
+                recorded = budget_from_json(json.loads(rel["charge_json"])["charge"])
+            except (KeyError, TypeError, ValueError, DpSparkError):
+                recorded = None
+            if recorded != e.charge:
+                problems.append(f"release {rid}: recorded charge differs from the ledger's")
+            expect = _statement_of(e.charge, pols.get(e.budget_id))
+            if expect["epsilon"] is not None and not (
+                    _close(rel.get("statement_epsilon"), expect["epsilon"])
+                    and _close(rel.get("statement_delta"), expect["delta"])):
+                problems.append(f"release {rid}: recorded (epsilon, delta) differs from the accountant's")
+        spec, how = _spec_for_release(rel, specs)
+        if spec is None:
+            problems.append(f"release {rid}: its spec version is not among the registered specs")
+        else:
+            from dp_spark.config import bounds_to_json
+
+            if rel.get("privacy_unit") not in (None, spec.unit.kind.value) or \
+                    rel.get("neighbouring") not in (None, spec.neighbouring.value):
+                problems.append(f"release {rid}: unit or neighbour relation differs from its spec")
+            if how == "exact" and rel.get("bounds_json") is not None and \
+                    json.loads(rel["bounds_json"]) != bounds_to_json(spec.bounds):
+                problems.append(f"release {rid}: bounds differ from its spec")
+        if rid not in version_of and rel.get("mode", "official") == "official":
+            problems.append(f"release {rid} is in the official table but has no version")
+        mgs = getattr(spec, "min_group_size", None) if spec is not None else None
+        thresholds.append({"release_id": rid, "suppressed_keys": rel.get("suppressed_keys", []),
+                           "suppressed_cells": len(rel.get("suppressed_keys", [])),
+                           "rule": None if mgs is None else (mgs.to_json() if hasattr(mgs, "to_json") else mgs)})
+
+    # -- limitations derived from the specs -------------------------------------------------
+    limitations = list(LIMITATIONS)
+    for s in specs:
+        col = s.unit.column.lower()
+        if any(h in col for h in _HASH_HINTS):
+            limitations.append(f"Spec {s.name}: the unit column '{s.unit.column}' looks like a hashed "
+                               "identifier. It is accepted as the privacy unit (it still identifies one "
+                               "unit); hashing it provides no privacy by itself.")
+        if s.neighbouring.value == "event":
+            limitations.append(f"Spec {s.name}: event-level privacy; a {s.unit.kind.value} with many "
+                               "events can be distinguishable.")
+        if s.bounds.max_partitions_per_unit > 1:
+            limitations.append(f"Spec {s.name}: one {s.unit.kind.value} may appear in up to "
+                               f"{s.bounds.max_partitions_per_unit} cells; the charge covers all of them "
+                               "together (no parallel composition).")
+    limitations = list(dict.fromkeys(limitations))
+
+    units = sorted({(s.unit.kind.value, s.unit.column) for s in specs})
+    relations = sorted({s.neighbouring.value for s in specs})
+    unit_kind = units[0][0]
+    mechanisms = sorted({m for r in rels for m in r.get("mechanisms", [])} |
+                        {"discrete_laplace" if s.charge.MEASURE == "pure_dp" else "discrete_gaussian" for s in specs})
+    cur = current[-1] if current else None
+    return {
+        "schema": SCHEMA,
+        "family": family,
+        "generated_at": _iso(now or datetime.now(timezone.utc)),
+        "generated_from": {
+            "specs": [{"name": s.name, "version": s.version(), "source": str(s.source)} for s in specs],
+            "ledger_entries_of_family": sum(len(v) for v in fam_entries.values()),
+            "release_rows_summarised": len(rels), "versions": len(versions),
+            "note": "generated from the registered specs, the budget ledger and the release and versions "
+                    "tables; never edited by hand",
+        },
+        "privacy_unit": [{"kind": k, "column": c} for k, c in units],
+        "neighbouring": [{"relation": r, "meaning": NEIGHBOURING_MEANING.get(r, r).format(unit=unit_kind)}
+                         for r in relations],
+        "queries": [_spec_json(s) for s in specs],
+        "mechanisms": [{"name": m, "meaning": MECHANISM_MEANING.get(m, m)} for m in mechanisms],
+        "accounting": accounting,
+        "current": None if cur is None else {"version_no": int(cur["version_no"]), "release_id": cur["release_id"]},
+        "versions": version_rows,
+        "charges": {"per_release": per_release, "per_window": per_window, "all_time": all_time,
+                    "current_window": current_window,
+                    "note": "withdrawn releases keep their charge: they were published"},
+        "thresholds": {"applied_to": "noisy counts only (post-processing, no budget)", "per_release": thresholds},
+        "limitations": limitations,
+        "errata": errata,
+        "consistency": {"ok": not problems, "problems": problems},
+    }
+
+
+# --------------------------------------------------------------------------------------
+# rendering and writing
+# --------------------------------------------------------------------------------------
+def _b(d: Optional[Mapping[str, Any]]) -> str:
+    if not d:
+        return "-"
+    return ", ".join(f"{k}={v}" for k, v in d.items() if k != "measure") + (f" ({d['measure']})" if "measure" in d else "")
+
+
+def _st(d: Optional[Mapping[str, Any]]) -> str:
+    if not d or d.get("epsilon") is None:
+        return "-"
+    return f"epsilon={float(d['epsilon']):.4g}, delta={float(d['delta']):.3g}"
+
+
+def statement_markdown(d: Mapping[str, Any]) -> str:
+    """Render a statement dict as Markdown (everything in it comes from the dict)."""
+    L: list[str] = []
+    add = L.append
+    add(f"# Privacy statement: {d['family']}")
+    add("")
+    add(f"_Generated {d['generated_at']} from the registered specs, the budget ledger and the release "
+        f"tables ({d['schema']}). Do not edit: regenerate._")
+    add("")
+    if not d["consistency"]["ok"]:
+        add("> **WARNING: the sources of this statement disagree:**")
+        for p in d["consistency"]["problems"]:
+            add(f"> - {p}")
+        add("")
+    cur = d.get("current")
+    add("## Current version")
+    add("")
+    add("No version is currently published." if cur is None else
+        f"Version {cur['version_no']} (release `{cur['release_id']}`).")
+    add("")
+    add("## What is protected")
+    add("")
+    for u in d["privacy_unit"]:
+        add(f"- Privacy unit: **{u['kind']}** (column `{u['column']}`); all records of one {u['kind']} form one unit.")
+    for n in d["neighbouring"]:
+        add(f"- Neighbour relation `{n['relation']}`: {n['meaning']}.")
+    add("")
+    add("## Queries (pre-registered specs)")
+    add("")
+    add("| spec | version | metric | cells | bounds (K, L0, Linf) | clamp (enforced) | charge per release | confidence |")
+    add("|---|---|---|---|---|---|---|---|")
+    for q in d["queries"]:
+        b = q["bounds"]
+        cells = 1 if q["group_by"] is None else f"{q['group_by']['cells']} by `{q['group_by']['column']}`"
+        clamp = "-" if q["clamp"] is None else f"[{q['clamp']['enforced'][0]}, {q['clamp']['enforced'][1]}]"
+        add(f"| {q['name']} | `{q['version']}` | {q['metric']} | {cells} | "
+            f"{b['max_rows_per_unit']}, {b['max_partitions_per_unit']}, {b['max_rows_per_partition'] or b['max_rows_per_unit']} | "
+            f"{clamp} | {_b(q['charge_per_release'])} | {float(Fraction(q['confidence'])):g} |")
+    add("")
+    add("Sensitivities are derived from these enforced bounds. Columns read: " +
+        "; ".join(f"{q['name']}: {', '.join(q['columns_read'])}" for q in d["queries"]) + ".")
+    add("")
+    add("## Mechanisms")
+    add("")
+    for m in d["mechanisms"]:
+        add(f"- `{m['name']}`: {m['meaning']}.")
+    add("")
+    add("## Accounting")
+    add("")
+    for a in d["accounting"]:
+        add(f"- Budget `{a['budget_id']}`: {a['accountant']}; cap {_b(a['cap'])} ({_st(a['cap_statement'])}); "
+            f"window {a['window']}; max per release {_b(a['max_per_release'])}.")
+    add("")
+    add("### Charge per release")
+    add("")
+    add("| release | version | state | charge | (epsilon, delta) | charged at |")
+    add("|---|---|---|---|---|---|")
+    for r in d["charges"]["per_release"]:
+        add(f"| `{r['release_id'][:16]}` | {r['version_no'] or '-'} | {r['version_state'] or r['kind']} | "
+            f"{_b(r['charge'])} | {_st(r['statement'])} | {r['charged_at']} |")
+    add("")
+    if d["charges"]["per_window"]:
+        add("### Charge per window")
+        add("")
+        add("| budget | window | this family | (epsilon, delta) | whole budget | (epsilon, delta) | cap |")
+        add("|---|---|---|---|---|---|---|")
+        for w in d["charges"]["per_window"]:
+            span = "all time" if w["start"] is None else f"{w['start']} to {w['end']}"
+            add(f"| {w['budget_id']} | {span} | {_b(w['family_total'])} | {_st(w['family_statement'])} | "
+                f"{_b(w['budget_total'])} | {_st(w['budget_statement'])} | {_b(w['cap'])} |")
+        add("")
+    add("### All time (loss does not expire)")
+    add("")
+    for t in d["charges"]["all_time"]:
+        add(f"- `{t['budget_id']}`: this family {_b(t['family_total'])} ({_st(t['family_statement'])}) over "
+            f"{t['family_releases']} releases; whole budget {_b(t['budget_total'])} "
+            f"({_st(t['budget_statement'])}) over {t['budget_releases']} releases.")
+    for c in d["charges"]["current_window"]:
+        add(f"- Current window of `{c['budget_id']}`: spent {_b(c['spent'])}, remaining {_b(c['remaining'])}.")
+    add("")
+    add("## Minimum group sizes")
+    add("")
+    add(f"Applied to {d['thresholds']['applied_to']}.")
+    add("")
+    for t in d["thresholds"]["per_release"]:
+        rule = "no minimum group size" if t["rule"] is None else f"threshold {t['rule'].get('threshold')} ({t['rule'].get('strategy')})"
+        keys = ", ".join(t["suppressed_keys"]) if t["suppressed_keys"] else "none"
+        add(f"- `{t['release_id'][:16]}`: {rule}; suppressed keys: {keys}.")
+    add("")
+    add("## Versions")
+    add("")
+    add("| version | release | state | published by | published at | (epsilon, delta) |")
+    add("|---|---|---|---|---|---|")
+    for v in d["versions"]:
+        add(f"| {v['version_no']} | `{v['release_id'][:16]}` | {v['state']} | {v['published_by']} | "
+            f"{v['published_at']} | {_st(v['statement'])} |")
+    add("")
+    add("## Errata")
+    add("")
+    if not d["errata"]:
+        add("None.")
+    for e in d["errata"]:
+        add(f"- Version {e['version_no']} (release `{e['release_id'][:16]}`) withdrawn {e['withdrawn_at']} by "
+            f"{e['withdrawn_by']}: {e['reason']}. Its charge ({_b(e['charge_kept'])}) still counts.")
+    add("")
+    add("## What differential privacy does not cover")
+    add("")
+    for x in d["limitations"]:
+        add(f"- {x}")
+    add("")
+    return "\n".join(L)
+
+
+def write_statement(directory: str | os.PathLike, d: Mapping[str, Any], *, force: bool = False) -> tuple[Path, Path]:
+    """Write ``<family>.json`` and ``<family>.md`` atomically (temp file + rename).
+
+    Refuses an inconsistent statement (``StatementInconsistentError``) unless ``force``.
+    """
+    if not d["consistency"]["ok"] and not force:
+        raise StatementInconsistentError(
+            f"privacy statement of {d['family']!r} not written: " + "; ".join(d["consistency"]["problems"][:5]))
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for suffix, text in ((".json", json.dumps(d, indent=2, sort_keys=False, default=str) + "\n"),
+                         (".md", statement_markdown(d))):
+        p = out / f"{d['family']}{suffix}"
+        tmp = out / f".{d['family']}{suffix}.{os.getpid()}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+        paths.append(p)
+    return paths[0], paths[1]
+
+
+# --------------------------------------------------------------------------------------
+# inputs from the tables (Spark) and the one call the engine makes
+# --------------------------------------------------------------------------------------
+def specs_for_family(releases_dir: str | os.PathLike, family: str) -> list[Any]:
+    """Every valid spec file under ``releases_dir`` whose family is ``family`` (sorted by path)."""
+    from dp_spark.config import load_release_spec
+
+    out = []
+    for p in sorted(Path(releases_dir).glob("*.y*ml")):
+        try:
+            s = load_release_spec(p)
+        except DpSparkError:
+            continue
+        if s.family == family:
+            out.append(s)
+    return out
+
+
+def load_statement_inputs(spark, *, family: str, releases_path: str,
+                          published_path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(release summaries, version rows) read with Spark; the release table is aggregated
+    per release id on the executors (one row per release comes back)."""
+    from pyspark.sql import functions as F
+
+    from dp_spark.governance.versions import _exists, history
+
+    summaries: list[dict[str, Any]] = []
+    if _exists(spark, releases_path):
+        df = spark.read.format("delta").load(releases_path).where(
+            (F.col("release_family") == family) & (F.col("mode") == "official"))
+        firsts = ["release_family", "release_name", "spec_version", "mode", "statement_epsilon", "statement_delta",
+                  "charge_json", "charge_epsilon", "charge_rho", "budget_id", "privacy_unit", "unit_column",
+                  "neighbouring", "bounds_json", "confidence", "parallel_composition", "key_column",
+                  "input_table_id", "input_version", "code_version"]
+        agg = df.groupBy("release_id").agg(
+            *[F.first(c).alias(c) for c in firsts],
+            F.min("created_at").alias("created_at"),
+            F.count(F.lit(1)).alias("cells"),
+            F.sort_array(F.collect_set("mechanism")).alias("mechanisms"),
+            F.sort_array(F.collect_set("statistic")).alias("statistics"),
+            F.sort_array(F.collect_set(F.when(F.col("suppressed"), F.col("key")))).alias("suppressed_keys"),
+        )
+        summaries = [r.asDict() for r in agg.collect()]
+    return summarise_release_rows(summaries), history(spark, published_path, family)
+
+
+def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: str | os.PathLike,
+                              releases_path: str, published_path: str, out_dir: str | os.PathLike,
+                              force: bool = False, now: Optional[datetime] = None) -> tuple[dict[str, Any], Path, Path]:
+    """Read the specs, tables and ledger, build the statement, write it. Returns (dict, json, md)."""
+    specs = specs_for_family(releases_dir, family)
+    rels, pub = load_statement_inputs(spark, family=family, releases_path=releases_path,
+                                      published_path=published_path)
+    d = privacy_statement(family, specs, ledger, rels, pub, now=now)
+    j, m = write_statement(out_dir, d, force=force)
+    return d, j, m
