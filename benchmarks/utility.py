@@ -105,7 +105,7 @@ def mean_rmse(plan, partials, repeats: int, source):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default=str(ROOT / "conf/envs/local.yaml"))
-    ap.add_argument("--repeats", type=int, default=500, help="repeats of the engine's noise_cells path")
+    ap.add_argument("--repeats", type=int, default=2000, help="repeats of the engine's noise_cells path")
     ap.add_argument("--fast-repeats", type=int, default=20000,
                     help="draws of the vectorised AOV estimator (resolves ~1%% RMSE differences)")
     ap.add_argument("--measure", choices=("pure_dp", "zcdp"), default="pure_dp")

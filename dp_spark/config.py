@@ -28,6 +28,7 @@ import yaml
 
 from dp_spark.budget import Budget, PureDP, ZCDP, parse_budget, to_fraction
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
+from dp_spark.governance.thresholds import MinGroupSize, min_group_size_from_dict
 from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKind
 
 METRICS = ("count", "distinct_units", "sum", "mean")
@@ -151,6 +152,7 @@ class ReleaseSpec:
     on_exhausted: ExhaustionPolicy
     columns: tuple[str, ...]
     max_cells: int
+    min_group_size: Optional[MinGroupSize] = None
     source: str = field(default="<dict>", compare=False)
 
     # -- identity ------------------------------------------------------------------------
@@ -178,6 +180,7 @@ class ReleaseSpec:
             else {"assumed_group_size": self.mean.assumed_group_size, "min_count": self.mean.min_count},
             "confidence": str(self.confidence),
             "columns": list(self.columns),
+            "min_group_size": None if self.min_group_size is None else self.min_group_size.to_json(),
         }
 
     def version(self) -> str:
@@ -267,7 +270,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
     allowed = {
         "name", "family", "description", "dataset", "privacy_unit", "neighbouring", "metric",
         "group_by", "value", "bounds", "budget", "mean", "confidence", "on_exhausted",
-        "columns", "max_cells",
+        "columns", "max_cells", "min_group_size",
     }
     _check_keys(data, allowed, source)
     name = _require(data, "name", source)
@@ -422,12 +425,16 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         missing = [c for c in needed if c not in columns]
         if missing:
             raise _err(source, "columns", "must include the unit, group-by and value columns")
+    min_group = min_group_size_from_dict(
+        data.get("min_group_size"), source, metric=metric,
+        public_keys=() if group_by is None else group_by.values,
+    )
     return ReleaseSpec(
         name=name, family=family, description=description, dataset=dataset, unit=unit,
         neighbouring=neighbouring, metric=metric, group_by=group_by, value=value, bounds=bounds,
         budget_id=budget_id, charge=charge, mean=mean, confidence=confidence,
         on_exhausted=ExhaustionPolicy(policy=policy, fallback=fallback), columns=columns,
-        max_cells=max_cells, source=source,
+        max_cells=max_cells, min_group_size=min_group, source=source,
     )
 
 

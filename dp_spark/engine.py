@@ -14,7 +14,6 @@ logged or printed before. The log lines name stages, counts of cells and ids onl
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import logging
@@ -197,11 +196,14 @@ def _alpha(spec: ReleaseSpec) -> Fraction:
     return 1 - spec.confidence
 
 
-def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: NoiseSource) -> list[dict[str, Any]]:
+def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: NoiseSource,
+                components: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     """One noise draw per public cell and statistic; returns cell dicts (driver memory only).
 
     ``partials`` maps every public key (present in the data or not) to its exact partials.
-    The control flow and the number of draws depend on the spec only.
+    The control flow and the number of draws depend on the spec only. When ``components`` is
+    a dict, a mean's noisy normalised sums per key (real units) are put in it under
+    ``"normalised_sum"`` (for merging small groups, a post-processing step).
     """
     spec = plan.spec
     keys = list(spec.keys)
@@ -249,6 +251,8 @@ def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: 
             cells.append(grid_cell(pc, "count", i, nonneg=True))
             unit = Fraction(2) ** ps.grid_exponent
             nsum = noisy["normalised_sum"][i] * unit
+            if components is not None:
+                components.setdefault("normalised_sum", {})[keys[i]] = float(nsum)
             ncount = Fraction(noisy["count"][i])
             mid = (spec.value.lower + spec.value.upper) / 2
             m = mean_from_noisy(nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count)
@@ -297,16 +301,6 @@ def read_or_create_salt(path: Path) -> str:
     return salt
 
 
-def current_principal(spark=None) -> str:
-    p = os.environ.get("DP_SPARK_PRINCIPAL")
-    if p:
-        return p
-    try:
-        return spark.sparkContext.sparkUser() if spark is not None else getpass.getuser()
-    except Exception:  # Spark Connect has no sparkContext
-        return getpass.getuser()
-
-
 @contextmanager
 def _stage(spark, name: str, release_id: str) -> Iterator[None]:
     log.info("release %s: stage %s", release_id[:12], name)
@@ -331,7 +325,7 @@ class Engine:
 
     def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
                  principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
-                 mode: str = "official"):
+                 mode: str = "official", access=None):
         if mode not in ("official", "exploration"):
             raise ConfigError("mode must be 'official' or 'exploration'")
         self.env = env
@@ -343,7 +337,10 @@ class Engine:
         self.spark = spark
         self.ledger = ledger or open_ledger(env.ledger_url, clock=clock)
         self.source = source or default_source()
-        self.principal = principal or current_principal(spark)
+        from dp_spark.governance.access import access_policy_for_env, resolve_principal
+
+        self.principal = principal or resolve_principal(spark)
+        self.access = access if access is not None else access_policy_for_env(env)
         self.clock = clock or (lambda: datetime.now(timezone.utc))
         self.mode = mode
 
@@ -408,6 +405,11 @@ class Engine:
             write_release,
         )
 
+        from dp_spark.governance.access import authorize
+
+        # who may run this spec, in this mode? (refusals are audited; nothing is read)
+        authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec, ledger=self.ledger,
+                  budget_id=spec.budget_id)
         policy = self.policy_for(spec)
         plan = plan_release(spec)  # every privacy parameter, before data is touched
         charge = spec.charge
@@ -427,12 +429,14 @@ class Engine:
         entry = self.ledger.find(release_id)
         if entry is not None and entry.state == "committed":
             self._audit(spec, "cache_hit", release_id, None)
+            self._version(spec, release_id)  # heals a crash between commit and versioning
             return self._stored(spec, release_id, path, "cache_hit")
         if entry is not None and release_present(self.spark, path, release_id):
             # crashed after the write, before the commit: heal by committing what was written
             self.ledger.commit(release_id, entry.owner_token)
             self._audit(spec, "healed", release_id, None)
             self._mirror()
+            self._version(spec, release_id)
             return self._stored(spec, release_id, path, "healed")
 
         # 2. everything that can fail on schema fails now, before any charge
@@ -466,7 +470,11 @@ class Engine:
             )
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
-            cells = noise_cells(plan, partials, self.source)
+            components: dict[str, Any] = {}
+            cells = noise_cells(plan, partials, self.source, components)
+        suppressed: list[str] = []
+        if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)
+            cells, suppressed = self._threshold(spec, cells, components)
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         # 6. write (atomic, insert-if-absent), then commit the reservation
         with _stage(self.spark, "write", release_id):
@@ -480,12 +488,39 @@ class Engine:
             return self._stored(spec, release_id, path, "cache_hit", "a concurrent run published it")
         self._commit_if_owner(release_id, owner)
         status = "degraded" if _degraded_from else "published"
-        self._audit(spec, status, release_id, charged,
-                    f"degraded from {_degraded_from}" if _degraded_from else "")
+        detail = f"degraded from {_degraded_from}" if _degraded_from else ""
+        if spec.min_group_size is not None:
+            detail = (detail + "; " if detail else "") + f"suppressed {len(suppressed)} of {spec.cells} cells"
+        self._audit(spec, status, release_id, charged, detail)
         self._mirror()
+        self._version(spec, release_id)
         result = self._stored(spec, release_id, path, status)
         return replace(result, charge=charged,
                        note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
+
+    def _threshold(self, spec: ReleaseSpec, cells, components):
+        from dp_spark.governance.thresholds import apply_min_group_size, count_statistic_for
+
+        rule = spec.min_group_size
+        extra = None
+        if spec.metric == "mean":
+            extra = {"normalised_sum": components.get("normalised_sum", {}), "lower": spec.value.lower,
+                     "upper": spec.value.upper, "min_count": spec.mean.min_count}
+        return apply_min_group_size(
+            cells, threshold=rule.threshold, strategy=rule.strategy,
+            count_statistic=count_statistic_for(spec.metric), other_key=rule.other_key,
+            confidence=float(spec.confidence), extra=extra,
+        )
+
+    def _version(self, spec: ReleaseSpec, release_id: str) -> None:
+        """Official releases: make this the family's current version; regenerate the statement."""
+        if self.mode != "official":
+            return
+        from dp_spark.governance import after_official_release
+
+        after_official_release(self.spark, env=self.env, family=spec.family, release_id=release_id,
+                               principal=self.principal, ledger=self.ledger,
+                               releases_dir=self.access.releases_dir)
 
     def _write_once(self, path: str, release_id: str, rows) -> bool:
         """Write the release insert-if-absent; False when another run's write got there first."""

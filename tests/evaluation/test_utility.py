@@ -125,11 +125,11 @@ def test_mean_interval_never_undercovers(measure, budget):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "the engine's mean interval (mechanisms.mean.mean_interval, called by engine.noise_cells "
-    "without mechanism or exact half-widths) is a union bound over the sum and count noises "
-    "at alpha/2 each, with the larger of the Laplace and Gaussian tails: valid but "
-    "conservative (~97.4% pure DP, ~99% zCDP here). Remove this marker when a calibrated "
-    "(e.g. delta-method, large-count) mean interval lands."))
+    "the engine's mean interval (mechanisms.mean.mean_interval) is a union bound: the sum and "
+    "the count noises each inside their exact (1 - alpha/2) interval. Valid at every group size "
+    "but conservative: ~97.5% here for a nominal 95% (the sum's own 97.5% interval alone, since "
+    "at the midpoint the count noise barely matters). Remove this marker when a calibrated "
+    "large-count interval (e.g. the delta method) lands."))
 @pytest.mark.parametrize("measure,budget", [("pure_dp", 1), ("zcdp", Fraction(1, 2))])
 def test_mean_interval_coverage_is_calibrated(measure, budget):
     assert _mean_coverage(measure, budget, seed=303) <= 0.97

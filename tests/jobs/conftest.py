@@ -12,9 +12,31 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
+ACCESS = {
+    "version": 1,
+    "releases_dir": None,  # set per env: <base>/conf/releases
+    "principals": {
+        "publisher_bob": {"roles": ["publisher"]},
+        "analyst_alice": {"roles": ["analyst"], "exploration_budgets": ["demo_events_user"]},
+        "admin_carol": {"roles": ["admin"]},
+    },
+}
+
+
 def write_env(base: Path, *, policies: Path | None = None, lease_seconds: int = 2, extra_datasets=None) -> Path:
+    """A throwaway project tree: conf/envs/test.yaml, conf/policies (budgets + access) and
+    conf/releases with copies of the shipped specs (the pre-registered queries)."""
     (base / "conf" / "envs").mkdir(parents=True, exist_ok=True)
-    pol = policies or ROOT / "conf/policies/budgets.yaml"
+    (base / "conf" / "policies").mkdir(parents=True, exist_ok=True)
+    rel = base / "conf" / "releases"
+    rel.mkdir(parents=True, exist_ok=True)
+    for f in (ROOT / "conf" / "releases").glob("*.yaml"):
+        if not (rel / f.name).exists():
+            shutil.copy(f, rel / f.name)
+    pol = base / "conf" / "policies" / "budgets.yaml"
+    shutil.copy(policies or ROOT / "conf/policies/budgets.yaml", pol)
+    access = dict(ACCESS, releases_dir=str(rel))
+    (base / "conf" / "policies" / "access.yaml").write_text(yaml.safe_dump(access))
     datasets = {"demo_events": "{warehouse}/input/demo_events"}
     datasets.update(extra_datasets or {})
     env = {
@@ -28,6 +50,16 @@ def write_env(base: Path, *, policies: Path | None = None, lease_seconds: int = 
     p = base / "conf" / "envs" / "test.yaml"
     p.write_text(yaml.safe_dump(env))
     return p
+
+
+def register(env_file: Path, name: str, data: dict | None = None):
+    """Load (after writing, when ``data`` is given) a pre-registered spec of this env."""
+    from dp_spark.config import load_release_spec
+
+    path = Path(env_file).parents[1] / "releases" / f"{name}.yaml"
+    if data is not None:
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_release_spec(path)
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,14 @@ from dp_spark.engine import Engine, build_partials
 from dp_spark.errors import BudgetExceededError, ConfigError, OutputSchemaError, SchemaError
 from dp_spark.release.writer import RELEASE_SCHEMA
 
-from .conftest import ROOT, write_env
+from .conftest import ROOT, register, write_env
 
 DAU = ROOT / "conf/releases/dau_daily.yaml"
 AOV = ROOT / "conf/releases/aov_by_region.yaml"
 
 
 def engine(spark, env_file, **kw):
+    kw.setdefault("principal", "publisher_bob")
     return Engine(load_env(env_file), spark=spark, **kw)
 
 
@@ -34,7 +35,7 @@ def ledger_entries(eng, budget_id="demo_events_user"):
 
 def test_publish_dau_and_aov_read_back(spark, warehouse):
     eng = engine(spark, warehouse)
-    dau, aov = load_release_spec(DAU), load_release_spec(AOV)
+    dau, aov = register(warehouse, "dau_daily"), register(warehouse, "aov_by_region")
     r1 = eng.publish(dau)
     r2 = eng.publish(aov)
     assert r1.status == r2.status == "published"
@@ -79,7 +80,7 @@ def test_publish_dau_and_aov_read_back(spark, warehouse):
 
 def test_rerun_is_a_cache_hit_with_identical_output(spark, warehouse):
     eng = engine(spark, warehouse)
-    dau = load_release_spec(DAU)
+    dau = register(warehouse, "dau_daily")
     first = eng.publish(dau)
     for _ in range(4):  # five runs of one release
         again = engine(spark, warehouse).publish(dau)
@@ -96,7 +97,7 @@ def test_rerun_is_a_cache_hit_with_identical_output(spark, warehouse):
 
 def test_new_input_version_is_a_new_release(spark, warehouse):
     eng = engine(spark, warehouse)
-    dau = load_release_spec(DAU)
+    dau = register(warehouse, "dau_daily")
     first = eng.publish(dau)
     path = load_env(warehouse).datasets["demo_events"]
     spark.read.format("delta").load(path).limit(5).write.format("delta").mode("append").save(path)
@@ -118,9 +119,9 @@ def _policies(tmp_path, cap_rho):
 def test_exhausted_budget_rejects_and_writes_nothing(spark, warehouse, tmp_path):
     env_file = write_env(tmp_path, policies=_policies(tmp_path, 0.3))
     eng = engine(spark, env_file)
-    eng.publish(load_release_spec(DAU))
+    eng.publish(register(env_file, "dau_daily"))
     with pytest.raises(BudgetExceededError) as exc:
-        eng.publish(load_release_spec(AOV))
+        eng.publish(register(env_file, "aov_by_region"))
     assert exc.value.budget_id == "demo_events_user"
     assert "0.3" in str(exc.value) or "3/10" in str(exc.value)
     aov_path = Path(load_env(env_file).output_root) / "aov_by_region"
@@ -135,7 +136,7 @@ def test_return_existing_when_exhausted(spark, warehouse, tmp_path):
     eng = engine(spark, env_file)
     d = yaml.safe_load(DAU.read_text())
     d["on_exhausted"] = "return_existing"
-    spec = release_spec_from_dict(d, source=str(DAU))
+    spec = register(env_file, "dau_existing", d)
     first = eng.publish(spec)
     path = load_env(env_file).datasets["demo_events"]
     spark.read.format("delta").load(path).limit(5).write.format("delta").mode("append").save(path)
@@ -147,7 +148,7 @@ def test_return_existing_when_exhausted(spark, warehouse, tmp_path):
 def test_crash_before_write_rerun_reuses_reservation(spark, warehouse, monkeypatch):
     import dp_spark.engine as engine_mod
 
-    dau = load_release_spec(DAU)
+    dau = register(warehouse, "dau_daily")
     eng = engine(spark, warehouse)
     real = engine_mod.noise_cells
 
@@ -166,7 +167,7 @@ def test_crash_before_write_rerun_reuses_reservation(spark, warehouse, monkeypat
 
 
 def test_crash_after_write_is_healed(spark, warehouse, monkeypatch):
-    dau = load_release_spec(DAU)
+    dau = register(warehouse, "dau_daily")
     eng = engine(spark, warehouse)
 
     def boom(*a, **k):
@@ -185,7 +186,7 @@ def test_crash_after_write_is_healed(spark, warehouse, monkeypatch):
 
 
 def test_two_concurrent_runs_one_output_one_charge(spark, warehouse):
-    dau = load_release_spec(DAU)
+    dau = register(warehouse, "dau_daily")
     results, errors = [], []
 
     def run():
@@ -209,7 +210,7 @@ def test_two_concurrent_runs_one_output_one_charge(spark, warehouse):
 def test_missing_column_charges_nothing(spark, warehouse):
     d = yaml.safe_load(AOV.read_text())
     d["value"]["column"] = "basket_value"
-    spec = release_spec_from_dict(d, source="aov.yaml")
+    spec = register(warehouse, "aov_basket", d)
     eng = engine(spark, warehouse)
     with pytest.raises(SchemaError) as exc:
         eng.publish(spec)
@@ -222,7 +223,7 @@ def test_output_with_other_schema_is_refused_before_charging(spark, warehouse):
     spark.range(3).write.format("delta").save(f"{env.output_root}/dau_daily")
     eng = engine(spark, warehouse)
     with pytest.raises(OutputSchemaError):
-        eng.publish(load_release_spec(DAU))
+        eng.publish(register(warehouse, "dau_daily"))
     assert ledger_entries(eng) == []
 
 
@@ -230,7 +231,7 @@ def test_copied_table_under_new_budget_is_refused(spark, warehouse, tmp_path):
     """The same data under a new name and a copied config cannot start a fresh budget."""
     env = load_env(warehouse)
     eng = engine(spark, warehouse)
-    eng.publish(load_release_spec(DAU))
+    eng.publish(register(warehouse, "dau_daily"))
     copy = Path(env.warehouse) / "input" / "renamed_events"
     shutil.copytree(env.datasets["demo_events"], copy)
     pol = yaml.safe_load((ROOT / "conf/policies/budgets.yaml").read_text())
@@ -242,7 +243,7 @@ def test_copied_table_under_new_budget_is_refused(spark, warehouse, tmp_path):
     env2 = write_env(tmp_path, policies=pfile, extra_datasets={"renamed_events": "{warehouse}/input/renamed_events"})
     d = yaml.safe_load(DAU.read_text())
     d["dataset"], d["budget"]["id"], d["name"] = "renamed_events", "fresh_budget", "dau_copy"
-    spec = release_spec_from_dict(d, source="copy.yaml")
+    spec = register(env2, "dau_copy", d)
     with pytest.raises(ConfigError, match="demo_events_user"):
         engine(spark, env2).publish(spec)
 
@@ -258,14 +259,16 @@ def test_empty_input_and_single_user_still_noisy(spark, warehouse):
         shutil.rmtree(path)
         shutil.copytree(p, path)
         eng = engine(spark, warehouse)
-        res = eng.publish(load_release_spec(AOV))
+        res = eng.publish(register(warehouse, "aov_by_region"))
         assert res.status == "published" and len(res.rows) == 40
         assert all(0 <= r["value"] <= 500 for r in res.rows if r["statistic"] == "mean")
 
 
-def test_cli_job_runs(spark, warehouse, capsys):
+def test_cli_job_runs(spark, warehouse, capsys, monkeypatch):
     from dp_spark.cli import publish_main
 
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", "publisher_bob")
+    DAU = Path(warehouse).parents[1] / "releases" / "dau_daily.yaml"
     rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--quiet"])
     assert rc == 0
     out = capsys.readouterr().out
