@@ -92,10 +92,41 @@ def generate_demo_main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def rollback_main(argv: Optional[Sequence[str]] = None) -> int:
+    """Withdraw the current version of a release family and restore the previous one.
+
+    Needs the admin role. Keeps the history; refunds no budget (the withdrawn release was seen).
+    """
+    p = argparse.ArgumentParser(prog="dp-spark rollback")
+    p.add_argument("--env", default=DEFAULT_ENV)
+    p.add_argument("--family", required=True)
+    p.add_argument("--reason", required=True, help="recorded in the audit log and the statement's errata")
+    args = p.parse_args(argv)
+    from dp_spark.config import load_env
+    from dp_spark.governance import rollback_family
+    from dp_spark.governance.access import access_policy_for_env, resolve_principal
+    from dp_spark.ledger import open_ledger
+    from dp_spark.spark import get_or_create_session
+
+    try:
+        env = load_env(args.env)
+        access = access_policy_for_env(env)
+        spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
+        principal = resolve_principal(spark)
+        with open_ledger(env.ledger_url) as ledger:
+            withdrawn, restored = rollback_family(spark, env=env, family=args.family, principal=principal,
+                                                  reason=args.reason, ledger=ledger, access=access)
+        print(f"withdrew release {withdrawn} of {args.family}; current is now {restored or 'none'}")
+    except DpSparkError as exc:
+        print(f"dp-spark: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dp-spark {publish,budget,generate-demo} ...")
+        print("usage: dp-spark {publish,budget,rollback,generate-demo} ...")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "publish":
@@ -104,6 +135,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from dp_spark.ledger.cli import budget_command
 
         return budget_command(rest)
+    if cmd == "rollback":
+        return rollback_main(rest)
     if cmd == "generate-demo":
         return generate_demo_main(rest)
     print(f"dp-spark: unknown command {cmd!r}", file=sys.stderr)

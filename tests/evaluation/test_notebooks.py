@@ -11,6 +11,7 @@ Each notebook reads its paths from ``DP_SPARK_ENV``; the env here points every p
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,18 +22,27 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 TIMEOUT = 600
+PRINCIPAL = "publisher_notebook_test"
 
 
 def write_env(base: Path) -> Path:
     """The structure of conf/envs/local.yaml, every path inside ``base``."""
     local = yaml.safe_load((ROOT / "conf/envs/local.yaml").read_text())
+    # governance: default deny; this env's publisher is named by $DP_SPARK_PRINCIPAL (run_notebook)
+    pol = base / "conf" / "policies"
+    pol.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "conf/policies/budgets.yaml", pol / "budgets.yaml")
+    (pol / "access.yaml").write_text(yaml.safe_dump({
+        "version": 1, "releases_dir": str(ROOT / "conf/releases"),
+        "principals": {PRINCIPAL: {"roles": ["publisher"]}},
+    }))
     env = dict(local)
     env.update({
         "name": "notebook-test",
         "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"}},
         "warehouse": str(base / "wh"),
         "datasets": {"demo_events": "{warehouse}/input/demo_events"},
-        "policies": str(ROOT / "conf/policies/budgets.yaml"),
+        "policies": str(pol / "budgets.yaml"),
         "lease_seconds": 5,
     })
     env["demo"] = {**local.get("demo", {}), "users": 2000, "heavy_users": 2, "heavy_rows": 2000}
@@ -43,7 +53,8 @@ def write_env(base: Path) -> Path:
 
 
 def run_notebook(name: str, env_file: Path, cwd: Path) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "DP_SPARK_ENV": str(env_file), "PYSPARK_PYTHON": sys.executable,
+    environ = {**os.environ, "DP_SPARK_ENV": str(env_file), "DP_SPARK_PRINCIPAL": PRINCIPAL,
+               "PYSPARK_PYTHON": sys.executable,
                "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     return subprocess.run([sys.executable, str(NOTEBOOKS / name)], capture_output=True, text=True,
                           timeout=TIMEOUT, env=environ, cwd=cwd)
