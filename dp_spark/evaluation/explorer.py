@@ -246,9 +246,9 @@ def smallest_budget(spec: ReleaseSpec, group_size: int, target_relative_error: N
     Counts, distinct counts and sums use the calibration inverses
     (:func:`~dp_spark.mechanisms.calibration.min_epsilon_for_error`,
     :func:`~dp_spark.mechanisms.calibration.min_rho_for_error`) with the sensitivity the engine
-    derives from the enforced bounds, then confirm the answer on the engine's own plan (its
-    scale rounding can only add noise, in which case the budget is raised by the smallest
-    step that meets the target). A mean has no closed-form inverse (two statistics, a
+    derives from the enforced bounds as the starting bracket, then confirm the answer on the
+    engine's own plan (its scale rounding can only add noise; a bisection to ``rel_tol``
+    on the plan settles any difference). A mean has no closed-form inverse (two statistics, a
     floored ratio, a split): it is found by bisection on the budget, to ``rel_tol``.
     The answer is rounded *up* to a short decimal: it meets the target, and no budget
     smaller by more than about ``2 * rel_tol`` (relative) does.

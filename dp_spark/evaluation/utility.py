@@ -32,9 +32,7 @@ Two truths:
 from __future__ import annotations
 
 import math
-import os
 import secrets
-from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Iterable, Mapping, Optional, Sequence
