@@ -41,7 +41,12 @@ from dp_spark.errors import (
 from dp_spark.events import ComposedEvent, canonical_json
 from dp_spark.ledger import open_ledger
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
-from dp_spark.mechanisms.mean import mean_from_noisy, mean_interval, optimal_mean_split
+from dp_spark.mechanisms.mean import (
+    mean_from_noisy,
+    mean_interval,
+    mean_interval_large_count,
+    optimal_mean_split,
+)
 from dp_spark.mechanisms.release import StatisticPlan, add_noise, grid_midpoint, plan_statistic
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
 from dp_spark.units import Aggregate
@@ -256,12 +261,20 @@ def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: 
             ncount = Fraction(noisy["count"][i])
             mid = (spec.value.lower + spec.value.upper) / 2
             m = mean_from_noisy(nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count)
-            lo, hi = mean_interval(
-                nsum, ncount, ps.stddev_grid * float(unit), pc.stddev_grid, mid,
-                spec.value.lower, spec.value.upper, spec.mean.min_count, alpha,
-                mechanism=ps.mechanism, sum_halfwidth=ps.halfwidth_grid(alpha / 2) * unit,
-                count_halfwidth=Fraction(pc.halfwidth_grid(alpha / 2)),
+            # calibrated first-order interval for large counts; the conservative union bound
+            # (valid at every group size) otherwise
+            interval = mean_interval_large_count(
+                nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count,
+                sum_halfwidth=ps.halfwidth_grid(alpha) * unit, count_halfwidth=Fraction(pc.halfwidth_grid(alpha)),
             )
+            if interval is None:
+                interval = mean_interval(
+                    nsum, ncount, ps.stddev_grid * float(unit), pc.stddev_grid, mid,
+                    spec.value.lower, spec.value.upper, spec.mean.min_count, alpha,
+                    mechanism=ps.mechanism, sum_halfwidth=ps.halfwidth_grid(alpha / 2) * unit,
+                    count_halfwidth=Fraction(pc.halfwidth_grid(alpha / 2)),
+                )
+            lo, hi = interval
             cells.append({
                 "statistic": "mean", "key": keys[i], "value": float(m), "ci_low": float(lo), "ci_high": float(hi),
                 "mechanism": ps.mechanism, "noise_scale": float(ps.scale * unit),

@@ -344,3 +344,37 @@ def mean_interval(noisy_norm_sum, noisy_count, sum_stddev, count_stddev, midpoin
         lo = min(max(mid + d_min, lo_b), hi_b)
         hi = max(min(mid + d_max, hi_b), lo_b)
     return min(lo, point), max(hi, point)
+
+
+def mean_interval_large_count(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_count, *,
+                              sum_halfwidth, count_halfwidth) -> Optional[tuple[Fraction, Fraction]]:
+    """A calibrated (1 - alpha) interval for the mean when the noisy count is large, else None.
+
+    Method (first-order, documented in docs/accuracy.md): with S the normalised sum and n the
+    count of the bounded data, mean - mid = S/n, and the released estimate's error is
+    (e_S - (S/n) e_C) / n + O(e_C^2 / n^2). Its (1 - alpha) half-width is taken as
+    sqrt(h_S^2 + ((mean~ - mid) h_C)^2) / max(C~, floor), with h_S and h_C the EXACT
+    (1 - alpha) half-widths of the sum and count noises (``plan.halfwidth_grid(alpha)`` in real
+    units). When one noise dominates this is that noise's exact quantile; for two Gaussian
+    noises it is the exact quantile of their sum. It is used only when the count is large
+    enough for the ratio to be nearly linear: C~ - h_C >= max(floor, 1) and h_C <= C~ / 10;
+    otherwise None is returned and the caller uses the conservative union bound of
+    :func:`mean_interval` (valid at every group size). Covers the bounded, clamped truth,
+    not the clipping bias.
+    """
+    s = _exact(noisy_norm_sum, "noisy_norm_sum")
+    c = _exact(noisy_count, "noisy_count")
+    mid = _exact(midpoint, "midpoint")
+    lo_b, hi_b = _exact(lower, "lower"), _exact(upper, "upper")
+    h_s = _exact(sum_halfwidth, "sum_halfwidth")
+    h_c = _exact(count_halfwidth, "count_halfwidth")
+    floor = _floor_value(min_count)
+    if c - h_c < max(floor, Fraction(1)) or h_c * 10 > c:
+        return None
+    point = mean_from_noisy(s, c, mid, lo_b, hi_b, min_count)
+    dev = float(point - mid)
+    half = math.sqrt(float(h_s) ** 2 + (dev * float(h_c)) ** 2) / float(max(c, floor))
+    half_f = Fraction(half)
+    lo = min(max(point - half_f, lo_b), hi_b)
+    hi = max(min(point + half_f, hi_b), lo_b)
+    return lo, hi

@@ -124,12 +124,6 @@ def test_mean_interval_never_undercovers(measure, budget):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "the engine's mean interval (mechanisms.mean.mean_interval) is a union bound: the sum and "
-    "the count noises each inside their exact (1 - alpha/2) interval. Valid at every group size "
-    "but conservative: ~97.5% here for a nominal 95% (the sum's own 97.5% interval alone, since "
-    "at the midpoint the count noise barely matters). Remove this marker when a calibrated "
-    "large-count interval (e.g. the delta method) lands."))
 @pytest.mark.parametrize("measure,budget", [("pure_dp", 1), ("zcdp", Fraction(1, 2))])
 def test_mean_interval_coverage_is_calibrated(measure, budget):
     assert _mean_coverage(measure, budget, seed=303) <= 0.97
