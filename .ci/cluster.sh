@@ -4,7 +4,8 @@
 #
 #   cluster_start          # a master on 127.0.0.1:<free port> (web UI on another free port)
 #                          # and one worker (1 core, 1g); exports
-#                          # DP_SPARK_TEST_MASTER=spark://127.0.0.1:PORT
+#                          # DP_SPARK_TEST_MASTER=spark://127.0.0.1:PORT and
+#                          # DP_SPARK_TEST_MASTER_UI=http://127.0.0.1:UIPORT (its JSON status)
 #   trap cluster_stop EXIT # stops the worker (and its executors), then the master, and
 #                          # removes the temp dir (safe to call twice, or if never started)
 #
@@ -144,6 +145,7 @@ cluster_start() {
     fi
     _CL_PORT="$port"; _CL_UI_PORT="$ui"
     export DP_SPARK_TEST_MASTER="spark://127.0.0.1:$port"
+    export DP_SPARK_TEST_MASTER_UI="http://127.0.0.1:$ui"
     export DP_SPARK_TEST_SPARK_HOME="$_CL_SPARK_HOME"
     _cl_log "Spark standalone master $DP_SPARK_TEST_MASTER (UI 127.0.0.1:$ui), 1 worker ($cores core, $mem); logs in $_CL_DIR"
 }
@@ -158,7 +160,7 @@ cluster_stop() {
             rm -rf "$_CL_DIR"
         fi
     fi
-    unset _CL_DIR _CL_PORT _CL_UI_PORT DP_SPARK_TEST_MASTER DP_SPARK_TEST_SPARK_HOME
+    unset _CL_DIR _CL_PORT _CL_UI_PORT DP_SPARK_TEST_MASTER DP_SPARK_TEST_MASTER_UI DP_SPARK_TEST_SPARK_HOME
     return 0
 }
 

@@ -42,13 +42,14 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
             day = args.date.isoformat()
             specs = [s.for_keys((day,), name_suffix=f"_{day.replace('-', '')}") for s in specs]
         from dp_spark.engine import Engine
-        from dp_spark.report import print_summary, write_privacy_summary
+        from dp_spark.governance import statement_dir
+        from dp_spark.report import print_summary
 
         engine = Engine(env, mode=args.mode)
         for spec in specs:
             result = engine.publish(spec)
-            summary_path = write_privacy_summary(env, spec, result, engine.ledger)
-            print_summary(spec, result, summary_path)
+            statement = statement_dir(env) / f"{spec.family}.md" if args.mode == "official" else None
+            print_summary(spec, result, statement)
     except DpSparkError as exc:
         print(f"dp-spark: error: {exc}", file=sys.stderr)
         return 2

@@ -272,7 +272,7 @@ def test_cli_job_runs(spark, warehouse, capsys, monkeypatch):
     rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--quiet"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "dau_daily: published" in out and "privacy summary" in out
+    assert "dau_daily: published" in out and "privacy statement" in out
     rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--date", "2026-11-07", "--quiet"])
     assert rc == 0
     out = capsys.readouterr().out

@@ -1,0 +1,455 @@
+"""Scheduled daily refresh and backfill of a day-keyed release (the DAU trend).
+
+A day-keyed release (``group_by`` over declared ``dates``) is refreshed one day at a time:
+the day's spec is ``spec.for_keys((day,), name_suffix="_YYYYMMDD")`` -- one cell, the same
+family, so every day appends to the same Delta table (the trend keeps growing) -- and is
+published through :meth:`dp_spark.engine.Engine.publish`, which gives it the exactly-once
+protocol: a rerun of a day on the same input snapshot is the same release id, served from the
+ledger (no charge, no new noise).
+
+What this module adds on top of the engine is the *schedule's* view of a day::
+
+    day spec -> current snapshot (pin_snapshot) -> release id it would get now
+      -> the ledger knows that id?            -> engine.publish (cache hit / heal / resume)
+      -> the family table has a release of this
+         day spec (same spec version, mode) for
+         another snapshot?                    -> REPORTED as "snapshot_changed" (or
+                                                 "code_changed"); republished only with
+                                                 republish=True (a new charge)
+      -> otherwise                            -> engine.publish (a new release, one charge)
+
+Every :class:`DayResult` carries the budget's window (cap, spent, remaining, window bounds)
+after the day, so a scheduled job's log shows what is left. Nothing here reads or logs a data
+value before the engine has committed it; the rows a result carries are the published cells
+read back from the release table.
+
+``refresh_main`` is the command line of ``jobs/daily_refresh.py`` (and of ``dp-spark refresh``
+once the CLI dispatches to it)::
+
+    daily_refresh.py --env ENV --conf SPEC (--date D | --from D1 --to D2) [--republish]
+
+``D`` is an ISO date, ``today`` or ``yesterday`` (UTC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from typing import Any, Callable, Optional, Sequence
+
+from dp_spark.budget import Budget
+from dp_spark.config import ReleaseSpec
+from dp_spark.errors import ConfigError, DpSparkError
+
+log = logging.getLogger("dp_spark.schedule")
+
+__all__ = [
+    "BudgetWindow",
+    "DayResult",
+    "PriorRelease",
+    "backfill",
+    "daily_refresh",
+    "day_spec",
+    "format_day",
+    "prior_releases",
+    "refresh_main",
+    "refresh_parser",
+]
+
+#: statuses of a day whose release is in the table and committed after the call
+SERVED = frozenset({"published", "cache_hit", "healed", "republished", "degraded", "returned_existing"})
+#: statuses of a day that already has a release of another snapshot (or code), left as it is
+STALE = frozenset({"snapshot_changed", "code_changed"})
+#: a day that failed, or was not attempted because an earlier day failed
+FAILED = frozenset({"error", "skipped"})
+
+
+# --------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BudgetWindow:
+    """The budget's state after a day: exact amounts and the window they count in (UTC)."""
+
+    budget_id: str
+    measure: str
+    cap: Budget
+    spent: Budget
+    remaining: Budget
+    window: str  # none | daily | monthly | rolling N days
+    window_start: Optional[datetime]
+    window_end: Optional[datetime]
+    entries: int
+
+    def describe(self) -> str:
+        if self.window_start is None:
+            span = "whole life (no window)"
+        else:
+            end = "now" if self.window.startswith("rolling") or self.window_end is None else \
+                self.window_end.strftime("%Y-%m-%d")
+            span = f"{self.window} window {self.window_start.strftime('%Y-%m-%d')}..{end}"
+        return f"{self.budget_id}: remaining {self.remaining} of cap {self.cap} (spent {self.spent}, {span})"
+
+
+@dataclass(frozen=True)
+class PriorRelease:
+    """A release of a day spec found in the family table (metadata only, no values)."""
+
+    release_id: str
+    input_table_id: str
+    input_version: int
+    code_version: str
+    created_at: Optional[datetime]
+
+
+@dataclass(frozen=True)
+class DayResult:
+    """What the schedule did for one day.
+
+    * ``status``: ``published`` | ``cache_hit`` | ``healed`` | ``degraded`` |
+      ``returned_existing`` (from the engine), ``republished`` (a stale day republished with
+      ``republish=True``), ``snapshot_changed`` / ``code_changed`` (a release of this day spec
+      exists for another input snapshot / code version; left as it is, nothing charged),
+      ``error`` or ``skipped`` (not attempted after an earlier error);
+    * ``release_id``: the release in force for the day after the call (for a stale day: the
+      published one); ``input_version``: the input version that release read;
+    * ``current_release_id`` / ``current_input_version``: what a publish now would be / read;
+    * ``published_release_id`` / ``published_input_version``: the earlier release of the day
+      (stale and republished days);
+    * ``charge``: what this call spent (None when nothing was charged);
+    * ``budget``: the window budget after the call (None if it could not be read);
+    * ``rows``: the published cells of the day (read back after commit), else empty.
+    """
+
+    day: date
+    release_name: str
+    status: str
+    release_id: Optional[str] = None
+    input_version: Optional[int] = None
+    current_release_id: Optional[str] = None
+    current_input_version: Optional[int] = None
+    published_release_id: Optional[str] = None
+    published_input_version: Optional[int] = None
+    charge: Optional[Budget] = None
+    budget: Optional[BudgetWindow] = None
+    note: str = ""
+    error: Optional[str] = None
+    rows: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in FAILED
+
+
+# --------------------------------------------------------------------------------------
+# Helpers (no data values)
+# --------------------------------------------------------------------------------------
+def day_spec(spec: ReleaseSpec, day: date) -> ReleaseSpec:
+    """The spec restricted to one declared day: one cell, name ``<name>_YYYYMMDD``, same family.
+
+    Raises ConfigError when the spec is not keyed by declared dates or the day is not one of
+    them (before any data is read).
+    """
+    if spec.group_by is None or spec.group_by.kind != "date":
+        raise ConfigError(f"{spec.source}: a daily refresh needs a release grouped by declared dates "
+                          "(group_by.public_keys.dates)")
+    if not isinstance(day, date) or isinstance(day, datetime):
+        raise ConfigError("the day to refresh must be a date")
+    iso = day.isoformat()
+    if iso not in spec.group_by.values:
+        raise ConfigError(f"{spec.source}: {iso} is outside the declared dates "
+                          f"{spec.group_by.values[0]}..{spec.group_by.values[-1]}")
+    return spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}")
+
+
+def budget_window(engine, budget_id: str) -> Optional[BudgetWindow]:
+    """The budget's window state from the ledger (None when the budget is not registered yet)."""
+    try:
+        st = engine.ledger.status(budget_id)
+    except DpSparkError:
+        return None
+    policy = getattr(engine, "policies", {}).get(budget_id)
+    window = policy.window.describe() if policy is not None else "unknown"
+    return BudgetWindow(budget_id=st.budget_id, measure=st.measure, cap=st.cap, spent=st.spent,
+                        remaining=st.remaining, window=window, window_start=st.window_start,
+                        window_end=st.window_end, entries=st.entries)
+
+
+def prior_releases(spark, path: str, dspec: ReleaseSpec, mode: str) -> list[PriorRelease]:
+    """Releases of exactly this day spec (name, spec version, mode) in the family table at
+    ``path``, newest first. Reads release metadata columns only, never values."""
+    from pyspark.sql import functions as F
+
+    from dp_spark.release.writer import table_exists
+
+    if not table_exists(spark, path):
+        return []
+    df = (
+        spark.read.format("delta").load(path)
+        .where((F.col("release_name") == dspec.name) & (F.col("spec_version") == dspec.version())
+               & (F.col("mode") == mode))
+        .groupBy("release_id", "input_table_id", "input_version", "code_version")
+        .agg(F.max("created_at").alias("created_at"))
+        .orderBy(F.col("created_at").desc(), F.col("release_id"))
+    )
+    return [PriorRelease(release_id=r["release_id"], input_table_id=r["input_table_id"],
+                         input_version=int(r["input_version"]), code_version=r["code_version"],
+                         created_at=r["created_at"])
+            for r in df.limit(100).collect()]
+
+
+def _day_rows(result, iso: str) -> tuple[dict[str, Any], ...]:
+    return tuple(r for r in (result.rows or ()) if r.get("key") == iso)
+
+
+# --------------------------------------------------------------------------------------
+# One day, a range of days
+# --------------------------------------------------------------------------------------
+def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = False) -> DayResult:
+    """Publish ``day``'s cell of a day-keyed ``spec`` (see the module docstring).
+
+    Idempotent: a rerun on the same input snapshot is the engine's cache hit (no charge). A day
+    already published for another input snapshot (or code version) is reported and left as it
+    is, unless ``republish`` (a new release, charged). Errors (DpSparkError) propagate.
+    """
+    from dp_spark.engine import release_id_for
+    from dp_spark.release.writer import pin_snapshot
+
+    dspec = day_spec(spec, day)
+    iso = day.isoformat()
+    path = engine.table_path(dspec)
+    location = engine.env.dataset_location(dspec.dataset)
+    log.info("day %s: %s: pinning the input snapshot", iso, dspec.name)
+    snap = pin_snapshot(engine.spark, location)
+    current_id = release_id_for(dspec, snap.table_id, snap.version, engine.mode)
+
+    prior: Optional[PriorRelease] = None
+    entry = engine.ledger.find(current_id)
+    if entry is None:
+        log.info("day %s: looking for earlier releases of %s in %s", iso, dspec.name, path)
+        priors = prior_releases(engine.spark, path, dspec, engine.mode)
+        if any(p.release_id == current_id for p in priors):
+            prior = None  # written but unknown to the ledger: the engine decides (heal/refuse)
+        elif priors:
+            prior = priors[0]
+    if prior is not None and not republish:
+        same_input = (prior.input_table_id, prior.input_version) == (snap.table_id, snap.version)
+        status = "code_changed" if same_input else "snapshot_changed"
+        why = (f"code version {prior.code_version} -> current" if same_input else
+               f"input version {prior.input_version} -> {snap.version}"
+               + ("" if prior.input_table_id == snap.table_id else " (another table id)"))
+        log.warning("day %s: %s: already published as %s; %s since: not republished "
+                    "(republish to publish and charge again)", iso, status, prior.release_id[:12], why)
+        return DayResult(
+            day=day, release_name=dspec.name, status=status, release_id=prior.release_id,
+            input_version=prior.input_version, current_release_id=current_id,
+            current_input_version=snap.version, published_release_id=prior.release_id,
+            published_input_version=prior.input_version, charge=None,
+            budget=budget_window(engine, dspec.budget_id),
+            note=f"{why}; pass republish to publish it again (charges the budget)",
+        )
+
+    log.info("day %s: publishing %s", iso, dspec.name)
+    result = engine.publish(dspec)
+    status = result.status
+    note = result.note
+    if prior is not None and status == "published":
+        status = "republished"
+        note = (note + "; " if note else "") + f"replaces {prior.release_id} (input version {prior.input_version})"
+    if result.release_id != current_id and status in ("published", "republished"):
+        note = (note + "; " if note else "") + "the input changed while this day was being published"
+    log.info("day %s: %s release %s", iso, status, result.release_id[:12])
+    return DayResult(
+        day=day, release_name=dspec.name, status=status, release_id=result.release_id,
+        input_version=_input_version(result, snap.version), current_release_id=current_id,
+        current_input_version=snap.version,
+        published_release_id=None if prior is None else prior.release_id,
+        published_input_version=None if prior is None else prior.input_version,
+        charge=result.charge, budget=budget_window(engine, dspec.budget_id), note=note,
+        rows=_day_rows(result, iso),
+    )
+
+
+def _input_version(result, default: int) -> int:
+    for r in result.rows or ():
+        if r.get("input_version") is not None:
+            return int(r["input_version"])
+    return default
+
+
+def days_between(start: date, end: date) -> list[date]:
+    if end < start:
+        raise ConfigError(f"backfill range ends ({end}) before it starts ({start})")
+    return [start + timedelta(days=i) for i in range((end - start).days + 1)]
+
+
+def backfill(engine, spec: ReleaseSpec, start: date, end: date, *, republish: bool = False,
+             stop_on_error: bool = True,
+             on_day: Optional[Callable[[DayResult], None]] = None) -> list[DayResult]:
+    """:func:`daily_refresh` for every day of ``start..end`` (inclusive), in order.
+
+    Every day is validated (declared by the spec) before the first one is published. Each
+    day is charged at most once: already published days are cache hits; days published for
+    another snapshot are reported (``republish`` to publish them again). A day that fails
+    with a DpSparkError is an ``error`` result; with ``stop_on_error`` the remaining days
+    are ``skipped`` (a refused budget would refuse them too). ``on_day`` is called with each
+    result as soon as it is known (a job prints it).
+    """
+    days = days_between(start, end)
+    for d in days:  # every check that can fail on the range fails before anything is charged
+        day_spec(spec, d)
+    results: list[DayResult] = []
+    failed = False
+    for d in days:
+        if failed and stop_on_error:
+            r = DayResult(day=d, release_name=day_spec(spec, d).name, status="skipped",
+                          note="not attempted after an earlier error")
+        else:
+            try:
+                r = daily_refresh(engine, spec, d, republish=republish)
+            except DpSparkError as exc:  # messages carry no data values
+                failed = True
+                log.error("day %s: %s", d.isoformat(), type(exc).__name__)
+                r = DayResult(day=d, release_name=day_spec(spec, d).name, status="error",
+                              error=f"{type(exc).__name__}: {exc}",
+                              budget=budget_window(engine, spec.budget_id))
+        results.append(r)
+        if on_day is not None:
+            on_day(r)
+    return results
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+def parse_day(text: str, *, today: Optional[date] = None) -> date:
+    """An ISO date, or ``today`` / ``yesterday`` in UTC (a scheduler's relative day)."""
+    today = today or datetime.now(timezone.utc).date()
+    t = str(text).strip().lower()
+    if t == "today":
+        return today
+    if t == "yesterday":
+        return today - timedelta(days=1)
+    try:
+        return date.fromisoformat(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO date, 'today' or 'yesterday': {text!r}") from None
+
+
+def refresh_parser() -> argparse.ArgumentParser:
+    from dp_spark.cli import DEFAULT_ENV
+
+    p = argparse.ArgumentParser(
+        prog="daily_refresh.py",
+        description="Publish one day's cell of a day-keyed release (the DAU trend), or backfill a "
+                    "range of days; each day is charged once, reruns are no-ops, and a day whose "
+                    "input snapshot changed after publication is reported, not republished.")
+    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
+    p.add_argument("--conf", action="append", required=True, metavar="SPEC",
+                   help="day-keyed release spec YAML (group_by over declared dates); repeatable")
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--date", type=parse_day, metavar="D",
+                      help="the day to publish: ISO date, 'today' or 'yesterday' (UTC)")
+    when.add_argument("--from", dest="start", type=parse_day, metavar="D1",
+                      help="first day of a backfill (with --to)")
+    p.add_argument("--to", dest="end", type=parse_day, metavar="D2", help="last day of a backfill (inclusive)")
+    p.add_argument("--republish", action="store_true",
+                   help="republish days whose input snapshot changed since publication (charges again)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when a day was left stale (snapshot_changed / code_changed)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="after a failed day, still try the following days")
+    p.add_argument("--mode", choices=("official", "exploration"), default="official")
+    p.add_argument("--quiet", action="store_true", help="print only the per-day lines")
+    return p
+
+
+def _fmt_value(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def format_day(r: DayResult) -> str:
+    """One line for a day: status, release id, charge, remaining budget (and, for a released
+    day, its published cells: they are in the committed release table, so public)."""
+    parts = [r.day.isoformat(), f"{r.status:<17}", f"{r.release_name}"]
+    if r.release_id:
+        parts.append(f"release={r.release_id}")
+    parts.append(f"charge={r.charge if r.charge is not None else 'none'}")
+    if r.budget is not None:
+        parts.append(f"remaining={r.budget.remaining}")
+        parts.append(f"[{r.budget.describe()}]")
+    if r.status in STALE:
+        parts.append(f"published on input v{r.published_input_version}, current input v{r.current_input_version}"
+                     f" (would be release {r.current_release_id}); not republished")
+    elif r.published_release_id and r.status == "republished":
+        parts.append(f"replaces {r.published_release_id} (input v{r.published_input_version})")
+    if r.status in SERVED:
+        for c in r.rows:
+            parts.append(f"{c['statistic']}={_fmt_value(c['value'])} "
+                         f"ci=[{_fmt_value(c['ci_low'])}, {_fmt_value(c['ci_high'])}]")
+    if r.error:
+        parts.append(f"error: {r.error}")
+    elif r.note and r.status not in STALE:
+        parts.append(f"({r.note})")
+    return "  ".join(parts)
+
+
+def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None) -> int:
+    """Exit status: 0 all days served (or reported stale), 2 a day failed or the arguments /
+    config are invalid, 3 with ``--strict`` when a day was left stale."""
+    p = refresh_parser()
+    args = p.parse_args(argv)
+    if args.start is not None and args.end is None:
+        p.error("--from needs --to")
+    if args.end is not None and args.start is None:
+        p.error("--to needs --from")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start, end = (args.date, args.date) if args.date is not None else (args.start, args.end)
+
+    from dp_spark.config import load_env, load_release_spec
+
+    results: list[DayResult] = []
+    try:
+        env = load_env(args.env)
+        specs = [load_release_spec(c) for c in args.conf]
+        for s in specs:  # every day of every spec validated before Spark starts
+            for d in days_between(start, end):
+                day_spec(s, d)
+        if engine is None:
+            from dp_spark.engine import Engine
+
+            engine = Engine(env, mode=args.mode)
+
+        def show(r: DayResult) -> None:
+            print(format_day(r), flush=True)
+
+        for s in specs:
+            results += backfill(engine, s, start, end, republish=args.republish,
+                                stop_on_error=not args.keep_going, on_day=show)
+    except DpSparkError as exc:
+        print(f"daily_refresh: error: {exc}", file=sys.stderr)
+        return 2
+    served = sum(r.status in SERVED for r in results)
+    charged = sum(r.charge is not None for r in results)
+    stale = [r for r in results if r.status in STALE]
+    failed = [r for r in results if r.status in FAILED]
+    errors = sum(r.status == "error" for r in results)
+    print(f"== {len(results)} day(s): {served} served ({charged} charged), {len(stale)} stale, "
+          f"{errors} failed, {len(failed) - errors} skipped", flush=True)
+    if stale:
+        print(f"daily_refresh: {len(stale)} day(s) were published on an older input snapshot and were "
+              "not republished (pass --republish to publish them again; that charges the budget)",
+              file=sys.stderr)
+    if failed:
+        return 2
+    if stale and args.strict:
+        return 3
+    return 0
+
+
+def main() -> None:  # console-script style entry point
+    sys.exit(refresh_main())

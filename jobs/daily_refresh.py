@@ -1,0 +1,23 @@
+"""spark-submit entry point: scheduled daily refresh and backfill of a day-keyed release.
+
+    spark-submit jobs/daily_refresh.py --env conf/envs/local.yaml \
+        --conf conf/releases/dau_daily.yaml --date 2026-11-30        # or --date yesterday
+    spark-submit jobs/daily_refresh.py --env ... --conf ... --from 2026-11-01 --to 2026-11-07 [--republish]
+
+One line per day: status, release id, charge, remaining window budget (and, once committed,
+the published cell). A rerun of a day is a no-op; a day whose input snapshot changed after
+publication is reported (snapshot_changed), not republished, unless --republish.
+Exit status: 0 ok, 2 a day failed or bad arguments/config, 3 with --strict and a stale day.
+
+Thin: arguments -> config -> engine (dp_spark.schedule.refresh_main).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source checkout without install
+
+from dp_spark.schedule import refresh_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(refresh_main(sys.argv[1:]))
