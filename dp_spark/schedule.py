@@ -91,7 +91,7 @@ class BudgetWindow:
             end = "now" if self.window.startswith("rolling") or self.window_end is None else \
                 self.window_end.strftime("%Y-%m-%d")
             span = f"{self.window} window {self.window_start.strftime('%Y-%m-%d')}..{end}"
-        return f"{self.budget_id}: remaining {self.remaining} of cap {self.cap} (spent {self.spent}, {span})"
+        return f"{self.remaining} of cap {self.cap} (spent {self.spent}; budget {self.budget_id}, {span})"
 
 
 @dataclass(frozen=True)
@@ -379,8 +379,7 @@ def format_day(r: DayResult) -> str:
         parts.append(f"release={r.release_id}")
     parts.append(f"charge={r.charge if r.charge is not None else 'none'}")
     if r.budget is not None:
-        parts.append(f"remaining={r.budget.remaining}")
-        parts.append(f"[{r.budget.describe()}]")
+        parts.append(f"remaining={r.budget.describe()}")
     if r.status in STALE:
         parts.append(f"published on input v{r.published_input_version}, current input v{r.current_input_version}"
                      f" (would be release {r.current_release_id}); not republished")

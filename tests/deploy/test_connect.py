@@ -141,3 +141,5 @@ def test_main_job_over_spark_connect(spark, deploy_env, tmp_path):
         assert sorted((e.release_id, e.state) for e in entries) == sorted(
             [(expected, "committed"), (expected_day, "committed")])
         assert {e.principal for e in entries} == {PRINCIPAL}
+    # the Delta mirror of the ledger was refreshed over Connect too
+    assert spark.read.format("delta").load(env.ledger_mirror).where(F.col("state") == "committed").count() == 2
