@@ -45,9 +45,14 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
         from dp_spark.governance import statement_dir
         from dp_spark.report import print_summary
 
-        engine = Engine(env, mode=args.mode)
-        for spec in specs:
-            result = engine.publish(spec)
+        engine = Engine(env, mode=args.mode, refresh="deferred")
+        results = []
+        try:
+            for spec in specs:
+                results.append((spec, engine.publish(spec)))
+        finally:
+            engine.finish()  # ledger mirror and privacy statements, once for the batch
+        for spec, result in results:
             statement = statement_dir(env) / f"{spec.family}.md" if args.mode == "official" else None
             print_summary(spec, result, statement)
     except DpSparkError as exc:

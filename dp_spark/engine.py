@@ -338,9 +338,18 @@ class Engine:
 
     def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
                  principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
-                 mode: str = "official", access=None):
+                 mode: str = "official", access=None, refresh: str = "each"):
+        """``refresh``: when the Delta mirror of the ledger and the privacy statements are
+        rebuilt: ``"each"`` after every release (default), or ``"deferred"``: once, when
+        :meth:`finish` is called (a job publishing several releases calls it at the end).
+        The SQL ledger and the release tables are always written before ``publish`` returns."""
         if mode not in ("official", "exploration"):
             raise ConfigError("mode must be 'official' or 'exploration'")
+        if refresh not in ("each", "deferred"):
+            raise ConfigError("refresh must be 'each' or 'deferred'")
+        self.refresh = refresh
+        self._pending_mirror = False
+        self._pending_statements: set[str] = set()
         self.env = env
         self.policies = load_policies(env.policies)
         if spark is None:
@@ -391,6 +400,25 @@ class Engine:
         )
 
     def _mirror(self) -> None:
+        if self.refresh == "deferred":
+            self._pending_mirror = True
+            return
+        self._refresh_mirror()
+
+    def finish(self) -> None:
+        """Rebuild what ``refresh="deferred"`` postponed: the ledger mirror and the statements."""
+        from dp_spark.governance import after_official_release
+
+        if self._pending_mirror:
+            self._refresh_mirror()
+            self._pending_mirror = False
+        for family, release_id in sorted(self._pending_statements):
+            after_official_release(self.spark, env=self.env, family=family, release_id=release_id,
+                                   principal=self.principal, ledger=self.ledger,
+                                   releases_dir=self.access.releases_dir)
+        self._pending_statements.clear()
+
+    def _refresh_mirror(self) -> None:
         try:
             from dp_spark.ledger.mirror import mirror_to_delta
 
@@ -531,9 +559,14 @@ class Engine:
             return
         from dp_spark.governance import after_official_release
 
+        deferred = self.refresh == "deferred"
+        # the version record is part of publishing; the statement may wait for finish()
         after_official_release(self.spark, env=self.env, family=spec.family, release_id=release_id,
                                principal=self.principal, ledger=self.ledger,
-                               releases_dir=self.access.releases_dir)
+                               releases_dir=self.access.releases_dir, write=not deferred)
+        if deferred:
+            self._pending_statements = {(f, r) for f, r in self._pending_statements if f != spec.family}
+            self._pending_statements.add((spec.family, release_id))
 
     def _write_once(self, path: str, release_id: str, rows) -> bool:
         """Write the release insert-if-absent; False when another run's write got there first."""

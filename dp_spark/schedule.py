@@ -201,6 +201,18 @@ def prior_releases(spark, path: str, dspec: ReleaseSpec, mode: str) -> list[Prio
             for r in df.limit(100).collect()]
 
 
+def _authorize(engine, dspec: ReleaseSpec) -> None:
+    """The engine's access check for publishing ``dspec`` (refusals are audited), run before
+    the schedule reads the input's snapshot or the release table."""
+    access = getattr(engine, "access", None)
+    if access is None:  # an engine without governance
+        return
+    from dp_spark.governance.access import authorize
+
+    authorize(access, engine.principal, "publish", mode=engine.mode, spec=dspec, ledger=engine.ledger,
+              budget_id=dspec.budget_id)
+
+
 def _day_rows(result, iso: str) -> tuple[dict[str, Any], ...]:
     return tuple(r for r in (result.rows or ()) if r.get("key") == iso)
 
@@ -220,6 +232,7 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
 
     dspec = day_spec(spec, day)
     iso = day.isoformat()
+    _authorize(engine, dspec)  # who may publish this spec: before anything is read
     path = engine.table_path(dspec)
     location = engine.env.dataset_location(dspec.dataset)
     log.info("day %s: %s: pinning the input snapshot", iso, dspec.name)
@@ -243,6 +256,11 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
                + ("" if prior.input_table_id == snap.table_id else " (another table id)"))
         log.warning("day %s: %s: already published as %s; %s since: not republished "
                     "(republish to publish and charge again)", iso, status, prior.release_id[:12], why)
+        engine.ledger.append_audit(
+            principal=engine.principal, action=f"refresh:{engine.mode}", spec_name=dspec.name,
+            spec_version=dspec.version(), decision=f"reported_{status}", release_id=prior.release_id,
+            charge_json=None, detail=f"{why}; not republished; would be release {current_id}",
+        )
         return DayResult(
             day=day, release_name=dspec.name, status=status, release_id=prior.release_id,
             input_version=prior.input_version, current_release_id=current_id,
@@ -339,11 +357,11 @@ def parse_day(text: str, *, today: Optional[date] = None) -> date:
         raise argparse.ArgumentTypeError(f"not an ISO date, 'today' or 'yesterday': {text!r}") from None
 
 
-def refresh_parser() -> argparse.ArgumentParser:
+def refresh_parser(prog: str = "daily_refresh.py") -> argparse.ArgumentParser:
     from dp_spark.cli import DEFAULT_ENV
 
     p = argparse.ArgumentParser(
-        prog="daily_refresh.py",
+        prog=prog,
         description="Publish one day's cell of a day-keyed release (the DAU trend), or backfill a "
                     "range of days; each day is charged once, reruns are no-ops, and a day whose "
                     "input snapshot changed after publication is reported, not republished.")
@@ -396,10 +414,11 @@ def format_day(r: DayResult) -> str:
     return "  ".join(parts)
 
 
-def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None) -> int:
+def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None, prog: str = "daily_refresh.py") -> int:
     """Exit status: 0 all days served (or reported stale), 2 a day failed or the arguments /
-    config are invalid, 3 with ``--strict`` when a day was left stale."""
-    p = refresh_parser()
+    config are invalid, 3 with ``--strict`` when a day was left stale. ``engine``: reuse one
+    (tests, notebooks); otherwise ``Engine(env, mode=...)`` on the ambient or a new session."""
+    p = refresh_parser(prog)
     args = p.parse_args(argv)
     if args.start is not None and args.end is None:
         p.error("--from needs --to")

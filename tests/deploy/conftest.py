@@ -40,6 +40,18 @@ def require_service(var: str, what: str) -> str:
     pytest.skip(msg)
 
 
+@pytest.fixture
+def standalone_master() -> str:
+    """$DP_SPARK_TEST_MASTER (.ci/cluster.sh), checked before any other fixture is built."""
+    return require_service("DP_SPARK_TEST_MASTER", "a Spark standalone cluster")
+
+
+@pytest.fixture
+def connect_url() -> str:
+    """$DP_SPARK_TEST_CONNECT (.ci/connect.sh), checked before any other fixture is built."""
+    return require_service("DP_SPARK_TEST_CONNECT", "a Spark Connect server")
+
+
 def spark_home() -> Path:
     import pyspark
 

@@ -29,7 +29,7 @@ from dp_spark.engine import build_partials, read_or_create_salt, release_id_for
 from dp_spark.ledger import open_ledger
 from dp_spark.release.writer import pin_snapshot
 
-from .conftest import BUDGET, ROOT, child_env, delta_jars, env_spec, require_service, run_bounded, spark_home, spec_path
+from .conftest import BUDGET, ROOT, child_env, delta_jars, env_spec, run_bounded, spark_home, spec_path
 
 SUBMIT_TIMEOUT = 600  # seconds, per spark-submit (one executor core on a shared 2-core machine)
 
@@ -84,8 +84,8 @@ def _apps(ui: str) -> list[dict]:
     return list(d.get("completedapps", [])) + list(d.get("activeapps", []))
 
 
-def test_publish_job_on_standalone_cluster_matches_local_plan(spark, deploy_env, tmp_path):
-    master = require_service("DP_SPARK_TEST_MASTER", "a Spark standalone cluster")
+def test_publish_job_on_standalone_cluster_matches_local_plan(standalone_master, spark, deploy_env, tmp_path):
+    master = standalone_master
     env = load_env(deploy_env)
     spec = env_spec(deploy_env, "dau_daily")
     conf = spec_path(deploy_env, "dau_daily")

@@ -21,7 +21,7 @@ from dp_spark.ledger import open_ledger
 from dp_spark.release.writer import pin_snapshot
 from dp_spark.schedule import day_spec
 
-from .conftest import BUDGET, PRINCIPAL, ROOT, START, child_env, env_spec, require_service, run_bounded, spec_path
+from .conftest import BUDGET, PRINCIPAL, ROOT, START, child_env, env_spec, run_bounded, spec_path
 
 CLIENT_TIMEOUT = 600
 
@@ -103,8 +103,8 @@ spark.stop()
 '''
 
 
-def test_main_job_over_spark_connect(spark, deploy_env, tmp_path):
-    url = require_service("DP_SPARK_TEST_CONNECT", "a Spark Connect server")
+def test_main_job_over_spark_connect(connect_url, spark, deploy_env, tmp_path):
+    url = connect_url
     env = load_env(deploy_env)
     spec = env_spec(deploy_env, "dau_daily")
     read_or_create_salt(env.salt_file)

@@ -125,6 +125,8 @@ def test_changed_snapshot_is_reported_not_republished(spark, deploy_env):
     line = format_day(stale)
     assert "snapshot_changed" in line and first.release_id in line and f"v{v0}" in line
     assert "distinct_units=" not in line  # nothing about values for a day not (re)published
+    audit = eng.ledger.audit_rows()[-1]
+    assert audit.decision == "reported_snapshot_changed" and audit.release_id == first.release_id
 
     # a backfill over it: the stale day is reported again, a new day publishes on the new snapshot
     res = backfill(eng, spec, D[0], D[1])
@@ -139,6 +141,16 @@ def test_changed_snapshot_is_reported_not_republished(spark, deploy_env):
     # and from now on the day is a no-op again
     assert daily_refresh(eng, spec, D[0]).status == "cache_hit"
     assert eng.ledger.status(BUDGET).spent == RHO * 3
+
+
+def test_refresh_checks_the_principal_first(spark, deploy_env):
+    from dp_spark.errors import PermissionDeniedError
+
+    eng = local_engine(spark, deploy_env, principal="analyst_alice")  # not a publisher
+    with pytest.raises(PermissionDeniedError):
+        daily_refresh(eng, env_spec(deploy_env, "dau_daily"), D[0])
+    assert eng.ledger.entries() == []
+    assert [a.decision for a in eng.ledger.audit_rows()] == ["refused_permission"]
 
 
 def _cap_policies(tmp_path: Path, rho: float) -> Path:
