@@ -7,7 +7,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup jars demo test test-fast postgres-shell clean
+.PHONY: setup jars demo test test-fast test-cluster test-connect test-deploy clean
 
 setup: $(VENV)/.installed jars
 
@@ -37,6 +37,14 @@ test: setup
 
 test-fast: setup
 	bash .ci/test.sh -m "not slow"
+
+# Only the deployment tests, each with its service started and stopped around it.
+test-cluster: setup
+	DP_SPARK_TEST_MODE=1 bash .ci/cluster.sh $(PY) -m pytest -q -rs tests/deploy/test_cluster.py
+test-connect: setup
+	DP_SPARK_TEST_MODE=1 bash .ci/connect.sh $(PY) -m pytest -q -rs tests/deploy/test_connect.py
+test-deploy: setup
+	DP_SPARK_TEST_MODE=1 bash .ci/cluster.sh bash .ci/connect.sh $(PY) -m pytest -q -rs tests/deploy
 
 clean:
 	rm -rf warehouse spark-warehouse metastore_db derby.log .pytest_cache

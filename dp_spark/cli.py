@@ -132,7 +132,7 @@ def rollback_main(argv: Optional[Sequence[str]] = None) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dp-spark {publish,budget,rollback,generate-demo} ...")
+        print("usage: dp-spark {publish,refresh,budget,rollback,generate-demo} ...")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "publish":
@@ -141,6 +141,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from dp_spark.ledger.cli import budget_command
 
         return budget_command(rest)
+    if cmd == "refresh":
+        from dp_spark.schedule import refresh_main
+
+        return refresh_main(rest, prog="dp-spark refresh")
     if cmd == "rollback":
         return rollback_main(rest)
     if cmd == "generate-demo":

@@ -316,13 +316,28 @@ def read_or_create_salt(path: Path) -> str:
 
 @contextmanager
 def _stage(spark, name: str, release_id: str) -> Iterator[None]:
+    """A log line per stage (never data values) and the Spark job description / tag."""
     log.info("release %s: stage %s", release_id[:12], name)
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    tag = f"dp_spark-{name.replace('+', '-')}-{release_id[:12]}"
     try:
-        spark.sparkContext.setJobDescription(f"dp_spark {name} {release_id[:12]}")
+        if connect:
+            spark.addTag(tag)
+        else:
+            spark.sparkContext.setJobDescription(f"dp_spark {name} {release_id[:12]}")
     except Exception:
-        pass  # Spark Connect: no job descriptions
+        pass
     t0 = time.monotonic()
-    yield
+    try:
+        yield
+    finally:
+        try:
+            if connect:
+                spark.removeTag(tag)
+            else:
+                spark.sparkContext.setJobDescription(None)
+        except Exception:
+            pass
     log.info("release %s: stage %s done in %.1fs", release_id[:12], name, time.monotonic() - t0)
 
 

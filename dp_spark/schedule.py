@@ -437,17 +437,23 @@ def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None, prog: str
         for s in specs:  # every day of every spec validated before Spark starts
             for d in days_between(start, end):
                 day_spec(s, d)
-        if engine is None:
+        owned = engine is None
+        if owned:
             from dp_spark.engine import Engine
 
-            engine = Engine(env, mode=args.mode)
+            # the ledger mirror and the statements are rebuilt once for the batch (finish)
+            engine = Engine(env, mode=args.mode, refresh="deferred")
 
         def show(r: DayResult) -> None:
             print(format_day(r), flush=True)
 
-        for s in specs:
-            results += backfill(engine, s, start, end, republish=args.republish,
-                                stop_on_error=not args.keep_going, on_day=show)
+        try:
+            for s in specs:
+                results += backfill(engine, s, start, end, republish=args.republish,
+                                    stop_on_error=not args.keep_going, on_day=show)
+        finally:
+            if owned:
+                engine.finish()
     except DpSparkError as exc:
         print(f"daily_refresh: error: {exc}", file=sys.stderr)
         return 2

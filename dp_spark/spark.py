@@ -144,7 +144,7 @@ def get_or_create_session(
         return existing
 
     extra = {str(k): str(v) for k, v in (extra_conf or {}).items()}
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder
 
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Launched by spark-submit: the JVM already runs with the launcher's conf. Connect to
@@ -158,6 +158,8 @@ def get_or_create_session(
         defaults = dict(_COMMON_DEFAULTS)
         if _is_local(resolved_master):
             defaults.update(_LOCAL_DEFAULTS)
+        if not launcher_conf.contains("spark.app.name"):  # keep the launcher's --name
+            builder = builder.appName(app_name)
         for key, value in defaults.items():
             if not launcher_conf.contains(key):
                 builder = builder.config(key, value)
@@ -165,6 +167,7 @@ def get_or_create_session(
             builder = builder.config(key, value)
         return builder.getOrCreate()
 
+    builder = builder.appName(app_name)
     resolved_master = master or DEFAULT_MASTER
     conf: dict[str, str] = {"spark.master": resolved_master, **_COMMON_DEFAULTS}
     conf["spark.jars"] = ",".join(delta_jar_paths())

@@ -174,6 +174,8 @@ def test_cli_prints_one_line_per_day_and_fails_on_errors(spark, tmp_path, deploy
     assert len(day) == 1 and "published" in day[0] and "release=" in day[0]
     assert "charge=zcdp(rho=0.25)" in day[0] and "remaining=zcdp(rho=0.25)" in day[0]
     assert "monthly window" in day[0] and "distinct_units=" in day[0]  # committed: public
+    mirror = load_env(env_file).ledger_mirror  # rebuilt once at the end of the job (Engine.finish)
+    assert spark.read.format("delta").load(mirror).where(F.col("state") == "committed").count() == 1
 
     # D4 again (no-op), D5 (the budget's last 0.25), D6 refused, D7 not attempted
     rc = refresh_main(base + ["--from", D[4].isoformat(), "--to", D[7].isoformat()])
