@@ -79,7 +79,10 @@ def main() -> int:
             t0 = time.monotonic()
             generate_events(spark, n_users=users, days=30, start_date=date(2026, 11, 1), seed=3).write.format("delta").mode("overwrite").save(str(data))
             print(f"generated {n:,} rows in {time.monotonic() - t0:.0f}s", flush=True)
-        env = env_from_dict({"name": "bench", "warehouse": str(work / f"wh_{n}"),
+        # a fresh warehouse (ledger, release tables) per run: every dp_spark repetition below
+        # is a real release with a real charge, never a cache hit
+        wh = Path(tempfile.mkdtemp(prefix=f"wh_{n}_", dir=work))
+        env = env_from_dict({"name": "bench", "warehouse": str(wh),
                              "datasets": {"bench_events": str(data)}, "policies": str(policies)},
                             source="bench", root=work)
         eng = Engine(env, spark=spark, principal="bench", refresh="deferred")
@@ -97,6 +100,7 @@ def main() -> int:
             f = work / "releases" / f"aov_bench_{n}_{i}.yaml"
             f.write_text(yaml.safe_dump(d))
             result = eng.publish(load_release_spec(f))
+            assert result.status == "published", result.status
             if full:
                 eng.finish()  # + ledger mirror and privacy statement, as a one-release job does
             return result
