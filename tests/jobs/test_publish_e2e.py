@@ -279,3 +279,22 @@ def test_cli_job_runs(spark, warehouse, capsys, monkeypatch):
     assert "published (1 cells)" in out
     rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--date", "2027-01-01", "--quiet"])
     assert rc == 2
+
+
+def test_degrade_runs_the_coarser_fallback(spark, warehouse, tmp_path):
+    env_file = write_env(tmp_path, policies=_policies(tmp_path, 0.3))
+    eng = engine(spark, env_file)
+    eng.publish(register(env_file, "dau_daily"))  # 0.25 of 0.3 spent
+    coarse = yaml.safe_load(AOV.read_text())
+    coarse.update(name="aov_all_regions", family="aov_all_regions", group_by=None)
+    coarse["bounds"] = {"max_rows_per_unit": 10, "max_partitions_per_unit": 1}
+    coarse["budget"] = {"id": "demo_events_user", "measure": "zcdp", "rho": 0.05}
+    register(env_file, "aov_all_regions", coarse)
+    d = yaml.safe_load(AOV.read_text())
+    d["on_exhausted"] = {"policy": "degrade", "fallback": "aov_all_regions.yaml"}
+    res = eng.publish(register(env_file, "aov_degrading", d))
+    assert res.status == "degraded" and res.family == "aov_all_regions"
+    assert res.charge == ZCDP("0.05") and len(res.rows) == 2  # one global count and mean
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.3")
+    decisions = [a.decision for a in eng.ledger.audit_rows()]
+    assert decisions[-2:] == ["degraded", "degraded"]
