@@ -50,7 +50,7 @@ def main() -> int:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from dp_spark.config import env_from_dict, load_release_spec, release_spec_from_dict
+    from dp_spark.config import env_from_dict, load_release_spec
     from dp_spark.demo_data import generate_events
     from dp_spark.engine import Engine
     from dp_spark.spark import get_or_create_session

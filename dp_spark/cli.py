@@ -9,7 +9,6 @@ import argparse
 import logging
 import sys
 from datetime import date
-from pathlib import Path
 from typing import Optional, Sequence
 
 from dp_spark.errors import DpSparkError

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from dp_spark.budget import Budget, PureDP, ZCDP, parse_budget, to_fraction
+from dp_spark.budget import Budget, parse_budget, to_fraction
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
 from dp_spark.governance.thresholds import MinGroupSize, min_group_size_from_dict
 from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKind

@@ -22,7 +22,7 @@ import secrets
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
@@ -453,15 +453,8 @@ class Engine:
 
     # -- the protocol ---------------------------------------------------------------------
     def publish(self, spec: ReleaseSpec, *, _degraded_from: Optional[str] = None) -> ReleaseResult:
-        from dp_spark.release.writer import (
-            ensure_release_table,
-            latest_release_id,
-            pin_snapshot,
-            release_present,
-            write_release,
-        )
-
         from dp_spark.governance.access import authorize
+        from dp_spark.release.writer import ensure_release_table, pin_snapshot, release_present
 
         # who may run this spec, in this mode? (refusals are audited; nothing is read)
         authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec, ledger=self.ledger,
