@@ -254,11 +254,8 @@ def _floor_value(min_count) -> Fraction:
     return m
 
 
-def mean_from_noisy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_count) -> Fraction:
-    """``midpoint + noisy_norm_sum / max(noisy_count, min_count)``, clamped to [lower, upper].
-
-    Post-processing of the two noisy statistics (exact Fractions). Never the true count.
-    """
+def _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper):
+    """Exact (s, c, mid, lower, upper) of a mean's noisy inputs and public bounds, checked."""
     s = _exact(noisy_norm_sum, "noisy_norm_sum")
     c = _exact(noisy_count, "noisy_count")
     mid = _exact(midpoint, "midpoint")
@@ -266,6 +263,15 @@ def mean_from_noisy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_cou
     hi = _exact(upper, "upper")
     if lo > hi:
         raise InvalidBoundsError("lower clamp bound is above the upper clamp bound")
+    return s, c, mid, lo, hi
+
+
+def mean_from_noisy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_count) -> Fraction:
+    """``midpoint + noisy_norm_sum / max(noisy_count, min_count)``, clamped to [lower, upper].
+
+    Post-processing of the two noisy statistics (exact Fractions). Never the true count.
+    """
+    s, c, mid, lo, hi = _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper)
     m = _floor_value(min_count)
     value = mid + s / max(c, m)
     return min(max(value, lo), hi)
@@ -318,13 +324,7 @@ def mean_interval(noisy_norm_sum, noisy_count, sum_stddev, count_stddev, midpoin
     """
     if not (0 < float(alpha) < 1):
         raise ConfigError("alpha must be in (0, 1)")
-    s = _exact(noisy_norm_sum, "noisy_norm_sum")
-    c = _exact(noisy_count, "noisy_count")
-    mid = _exact(midpoint, "midpoint")
-    lo_b = _exact(lower, "lower")
-    hi_b = _exact(upper, "upper")
-    if lo_b > hi_b:
-        raise InvalidBoundsError("lower clamp bound is above the upper clamp bound")
+    s, c, mid, lo_b, hi_b = _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper)
     point = mean_from_noisy(s, c, mid, lo_b, hi_b, min_count)
     a = float(alpha) / 2.0
     h_s = _exact(sum_halfwidth, "sum_halfwidth") if sum_halfwidth is not None else \
@@ -362,10 +362,7 @@ def mean_interval_large_count(noisy_norm_sum, noisy_count, midpoint, lower, uppe
     :func:`mean_interval` (valid at every group size). Covers the bounded, clamped truth,
     not the clipping bias.
     """
-    s = _exact(noisy_norm_sum, "noisy_norm_sum")
-    c = _exact(noisy_count, "noisy_count")
-    mid = _exact(midpoint, "midpoint")
-    lo_b, hi_b = _exact(lower, "lower"), _exact(upper, "upper")
+    s, c, mid, lo_b, hi_b = _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper)
     h_s = _exact(sum_halfwidth, "sum_halfwidth")
     h_c = _exact(count_halfwidth, "count_halfwidth")
     floor = _floor_value(min_count)
