@@ -441,6 +441,24 @@ def bound_contributions(
         return out.select(*[_col(c) for c in original])
 
     part = _col(partition_col)
+    if l0 == 1:
+        # One partition per unit: L0, Linf and K are one window. Rows ordered by the
+        # partition's priority, then the row's: the unit's first row lies in its kept
+        # partition, and that partition's min(Linf, K) first rows are the kept ones (the
+        # same rows as the three windows below would keep, with one sort instead of two).
+        part_prio = "__dp_part_prio"
+        limit = min(b for b in (k, linf) if b is not None)
+        w = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first(), *row_order)
+        # schema: + __dp_part_prio: long, __dp_rank_unit: int; at most `limit` rows per unit
+        out = out.withColumn(
+            part_prio, F.xxhash64(F.lit(salt), F.lit("partition"), unit, part)
+        ).withColumn("__dp_rank_unit", F.row_number().over(w)).where(F.col("__dp_rank_unit") <= limit)
+        # schema: + __dp_first_part; a second window over the same (already sorted) order,
+        # after the filter, so the first one keeps its partial top-k before the shuffle
+        out = out.withColumn("__dp_first_part", F.first(part).over(w)).where(
+            part.eqNullSafe(F.col("__dp_first_part"))
+        )
+        return out.select(*[_col(c) for c in original])
     if l0 is not None:
         part_prio = "__dp_part_prio"
         # schema: + __dp_part_prio: long

@@ -324,6 +324,56 @@ def test_plan_uses_window_group_limit(spark):
     assert "WindowGroupLimit" in _explain(without)
 
 
+def _three_window_oracle(df, *, unit_col, partition_col, l0, linf, k, salt):
+    """The definition of L0 -> Linf -> K bounding, spelled out as three windows (the general
+    path of bound_contributions); the one-window path for L0 = 1 must select the same rows."""
+    cols = df.columns
+    tie = [F.col(c).asc_nulls_first() for c in cols]
+    out = df.withColumn("rp", F.xxhash64(F.lit(salt), F.lit("row"), *[F.col(c) for c in cols]))
+    out = out.withColumn("pp", F.xxhash64(F.lit(salt), F.lit("partition"), F.col(unit_col), F.col(partition_col)))
+    w0 = Window.partitionBy(unit_col).orderBy(F.col("pp").asc(), F.col(partition_col).asc_nulls_first())
+    out = out.withColumn("r0", F.dense_rank().over(w0)).where(F.col("r0") <= l0)
+    if linf is not None:
+        w1 = Window.partitionBy(unit_col, partition_col).orderBy(F.col("rp").asc(), *tie)
+        out = out.withColumn("r1", F.row_number().over(w1)).where(F.col("r1") <= linf)
+    if k is not None:
+        w2 = Window.partitionBy(unit_col).orderBy(F.col("rp").asc(), *tie)
+        out = out.withColumn("r2", F.row_number().over(w2)).where(F.col("r2") <= k)
+    return out.select(*cols)
+
+
+@pytest.mark.parametrize("linf,k", [(3, None), (None, 2), (3, 2), (2, 5), (1, 1), (None, 6), (8, 7)])
+def test_one_partition_per_unit_selects_what_the_three_windows_define(spark, linf, k):
+    # heavy units over several days, a unit with a null day, byte-identical duplicate rows
+    df = _grid(spark, units=30, days=6, rows_per_cell=4).drop("event_id")
+    extra = spark.createDataFrame(
+        [("u9000", None, 0)] * 3 + [("u9000", date(2026, 11, 1), 0)] * 4 + [("u9001", None, 1), ("u9001", None, 2)],
+        "unit string, day date, seq long")
+    df = df.unionByName(extra)
+    got = bound_contributions(df.repartition(5), unit_col="unit", partition_col="day", max_partitions_per_unit=1,
+                              max_rows_per_partition=linf, max_rows_per_unit=k, salt=SALT)
+    want = _three_window_oracle(df, unit_col="unit", partition_col="day", l0=1, linf=linf, k=k, salt=SALT)
+    assert_df_equality(got, want, ignore_row_order=True)
+    per_unit = got.groupBy("unit").agg(F.countDistinct("day").alias("d"), F.count("*").alias("n"),
+                                       F.sum(F.col("day").isNull().cast("int")).alias("nulls")).collect()
+    limit = min(b for b in (linf, k) if b is not None)
+    assert all(r["n"] <= limit and (r["d"] + (1 if r["nulls"] else 0)) == 1 for r in per_unit)
+    assert len(per_unit) == 32
+
+
+def test_one_partition_per_unit_is_one_sort_after_the_shuffle(spark):
+    df = _grid(spark, units=5, days=3, rows_per_cell=2)
+    plan = _explain(bound_contributions(df, unit_col="unit", partition_col="day", max_partitions_per_unit=1,
+                                        max_rows_per_partition=2, max_rows_per_unit=2, salt=SALT))
+    lines = plan.splitlines()
+    exchange = [i for i, line in enumerate(lines) if "Exchange hashpartitioning" in line]
+    sorts = [i for i, line in enumerate(lines) if "Sort [" in line]
+    partial = [i for i, line in enumerate(lines) if "WindowGroupLimit" in line and "Partial" in line]
+    assert len(exchange) == 1
+    assert len([i for i in sorts if i < exchange[0]]) == 1, "one sort after the shuffle (lines above it)"
+    assert partial and partial[0] > exchange[0], "a partial top-K runs before the shuffle"
+
+
 def test_flood_of_null_unit_ids(spark):
     flood = spark.range(0, 100_000, 1, 8).select(
         F.lit(None).cast("string").alias("unit"), (F.col("id") % 30).alias("day"), F.col("id").alias("seq")
