@@ -5,7 +5,7 @@ the bounds that :mod:`dp_spark.transforms` enforced. This module only turns a bo
 clamped DataFrame into exact integers per cell::
 
     bounded df (unit_col, key_col, fixed_col: long, ...)
-      -> compute_partials   # key, rows: long, units: long[, sum_fixed: decimal(38,0)]
+      -> compute_partials   # key, rows: long[, units: long][, sum_fixed: decimal(38,0)]
       -> collect_partials   # {key: {"rows": int, "units": int[, "sum_fixed": int]}}
                             #  one entry per public key, zeros where the data has none
 """
@@ -28,10 +28,12 @@ __all__ = ["GLOBAL_KEY", "SUM_TYPE", "collect_partials", "compute_partials"]
 #: Key of the single cell of an aggregation without a key column.
 GLOBAL_KEY = "__all__"
 
-#: Type of ``sum_fixed``: every fixed-point value is cast to it *before* summing, so a sum of
-#: up to ~10^22 values of magnitude <= 2^52 is exact, in ANSI mode or not (a long sum could
-#: wrap silently with ANSI off).
+#: Type of ``sum_fixed``. Each long value is split into three 21-bit parts summed as longs
+#: (exact for up to 2^42 rows per key, whatever the values, in ANSI mode or not); the three
+#: per-key sums are combined in this type after the aggregation.
 SUM_TYPE = T.DecimalType(38, 0)
+_PART_BITS = 21
+_PART_MASK = 2**_PART_BITS - 1
 
 
 def compute_partials(
@@ -40,6 +42,7 @@ def compute_partials(
     key_col: str | None,
     unit_col: str,
     fixed_col: str | None = None,
+    count_units: bool = True,
 ) -> DataFrame:
     """Exact partial aggregates per key, in one ``groupBy`` pass.
 
@@ -47,7 +50,7 @@ def compute_partials(
 
         key        <type of key_col>, or string "__all__" when key_col is None
         rows       long      count of rows
-        units      long      count of distinct non-null unit ids
+        units      long      count of distinct non-null unit ids   -- only with count_units
         sum_fixed  decimal(38,0)  sum of fixed_col (0 when all null)   -- only with fixed_col
 
     Privacy contract
@@ -71,10 +74,10 @@ def compute_partials(
         key = _col(key_col).alias("key")
     else:
         key = F.lit(GLOBAL_KEY).alias("key")
-    aggs = [
-        F.count(F.lit(1)).cast(T.LongType()).alias("rows"),
-        F.countDistinct(_col(unit_col)).cast(T.LongType()).alias("units"),
-    ]
+    aggs = [F.count(F.lit(1)).cast(T.LongType()).alias("rows")]
+    if count_units:
+        aggs.append(F.countDistinct(_col(unit_col)).cast(T.LongType()).alias("units"))
+    parts: list[str] = []
     if fixed_col is not None:
         fixed_field = _field(df, fixed_col, role="fixed-point value")
         if not isinstance(fixed_field.dataType, T.IntegralType):
@@ -83,12 +86,27 @@ def compute_partials(
                 f"{fixed_field.dataType.simpleString()}; it must be an integer type "
                 "(see clamp_to_fixed_point)"
             )
-        total = F.sum(_col(fixed_col).cast(SUM_TYPE))
-        aggs.append(F.coalesce(total, F.lit(0).cast(SUM_TYPE)).cast(SUM_TYPE).alias("sum_fixed"))
-    # schema: key, rows: long, units: long[, sum_fixed: decimal(38,0)]
+        # v = hi * 2^42 + mid * 2^21 + lo with |hi|, mid, lo < 2^21: three long sums, exact
+        # for up to 2^42 rows per key, much cheaper than a decimal sum of every row
+        v = _col(fixed_col).cast(T.LongType())
+        mask = F.lit(_PART_MASK).cast(T.LongType())
+        for name, expr in (("__dp_sum_lo", v.bitwiseAND(mask)),
+                           ("__dp_sum_mid", F.shiftright(v, _PART_BITS).bitwiseAND(mask)),
+                           ("__dp_sum_hi", F.shiftright(v, 2 * _PART_BITS))):
+            aggs.append(F.coalesce(F.sum(expr), F.lit(0).cast(T.LongType())).alias(name))
+            parts.append(name)
     # A global aggregation is a groupBy on a literal too, so that empty input gives zero rows
     # on every path and collect_partials is the one place that fills missing cells.
-    return df.groupBy(key).agg(*aggs)
+    out = df.groupBy(key).agg(*aggs)
+    if not parts:
+        # schema: key, rows: long[, units: long]
+        return out
+    d = lambda c: F.col(c).cast(SUM_TYPE)  # noqa: E731
+    total = (d("__dp_sum_hi") * F.lit(2 ** (2 * _PART_BITS)).cast(SUM_TYPE)
+             + d("__dp_sum_mid") * F.lit(2 ** _PART_BITS).cast(SUM_TYPE) + d("__dp_sum_lo"))
+    keep = ["key", "rows"] + (["units"] if count_units else [])
+    # schema: key, rows: long[, units: long], sum_fixed: decimal(38,0)
+    return out.select(*[F.col(c) for c in keep], total.cast(SUM_TYPE).alias("sum_fixed"))
 
 
 def _to_int(value: Any, *, column: str) -> int:
@@ -112,7 +130,8 @@ def collect_partials(
 ) -> dict[Any, dict[str, int]]:
     """Collect the output of :func:`compute_partials`: one entry per public key, in order.
 
-    Returns ``{key: {"rows": int, "units": int[, "sum_fixed": int]}}``. Every public key absent
+    Returns ``{key: {"rows": int[, "units": int][, "sum_fixed": int]}}`` ("units" when ``df``
+    has that column). Every public key absent
     from the data gets zeros (a released cell must exist whether or not the data has it, so
     that the set and number of noise draws do not depend on the data). Keys in ``df`` outside
     the public set are filtered out in Spark and never reach the driver; at most
@@ -134,7 +153,7 @@ def collect_partials(
         key_field = _field(df, "key", role="partials key")
         keys = validate_public_keys(public_keys, key_field.dataType, key_col=key_col)
         key_name = key_col
-    columns = ["key", "rows", "units"] + (["sum_fixed"] if has_sum else [])
+    columns = ["key", "rows"] + (["units"] if "units" in df.columns else []) + (["sum_fixed"] if has_sum else [])
     for name in columns[1:]:
         _field(df, name, role="partials")
 

@@ -166,6 +166,35 @@ def test_sum_beyond_2_63_neither_wraps_nor_raises(spark, ansi, ansi_on):
     assert got[GLOBAL_KEY]["sum_fixed"] > 2**63
 
 
+@pytest.mark.parametrize("ansi_on", [True, False])
+def test_split_long_sums_are_exact_for_any_long(spark, ansi, ansi_on):
+    """The three 21-bit part sums recombine exactly for extreme and negative longs."""
+    ansi(ansi_on)
+    rng = random.Random(11)
+    extremes = [2**63 - 1, -(2**63), -1, 0, 1, 2**42, -(2**42) - 1, 2**21 - 1, -(2**21)]
+    values = extremes * 50 + [rng.randrange(-(2**63), 2**63) for _ in range(3000)]
+    rows = [(f"u{i % 97}", REGIONS[i % 3], v) for i, v in enumerate(values)]
+    df = spark.createDataFrame(rows, "unit string, region string, fx long").repartition(7)
+    got = collect_partials(compute_partials(df, key_col="region", unit_col="unit", fixed_col="fx"),
+                           key_col="region", public_keys=REGIONS[:3], has_sum=True)
+    for j, region in enumerate(REGIONS[:3]):
+        assert got[region]["sum_fixed"] == sum(v for i, v in enumerate(values) if i % 3 == j)
+        assert got[region]["rows"] == sum(1 for i in range(len(values)) if i % 3 == j)
+
+
+def test_units_are_counted_only_when_asked(spark):
+    df = spark.createDataFrame([("u1", "region_01", 2), ("u1", "region_01", 3), ("u2", "region_01", 5)],
+                               "unit string, region string, fx long")
+    without = compute_partials(df, key_col="region", unit_col="unit", fixed_col="fx", count_units=False)
+    assert without.columns == ["key", "rows", "sum_fixed"]
+    assert without.schema["sum_fixed"].dataType.simpleString() == "decimal(38,0)"
+    got = collect_partials(without, key_col="region", public_keys=["region_01", "region_02"], has_sum=True)
+    assert got == {"region_01": {"rows": 3, "sum_fixed": 10}, "region_02": {"rows": 0, "sum_fixed": 0}}
+    with_units = collect_partials(compute_partials(df, key_col="region", unit_col="unit"), key_col="region",
+                                  public_keys=["region_01"], has_sum=False)
+    assert with_units == {"region_01": {"rows": 3, "units": 2}}
+
+
 # --------------------------------------------------------------------------- grey-box neighbours
 
 L0, LINF, K = 2, 3, 5
