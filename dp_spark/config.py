@@ -123,6 +123,9 @@ class ValueSpec:
 class MeanOptions:
     assumed_group_size: int
     min_count: int
+    # a PUBLIC estimate of the mean (e.g. last period's published release), used only to
+    # split the budget between sum and count; a wrong value costs accuracy, never privacy
+    assumed_mean: Optional[Fraction] = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,9 @@ class ReleaseSpec:
             "charge": self.charge.to_json(),
             "mean": None
             if self.mean is None
-            else {"assumed_group_size": self.mean.assumed_group_size, "min_count": self.mean.min_count},
+            else {"assumed_group_size": self.mean.assumed_group_size, "min_count": self.mean.min_count,
+                  # only when set, so that specs without it keep their release ids
+                  **({} if self.mean.assumed_mean is None else {"assumed_mean": str(self.mean.assumed_mean)})},
             "confidence": str(self.confidence),
             "columns": list(self.columns),
             "min_group_size": None if self.min_group_size is None else self.min_group_size.to_json(),
@@ -380,10 +385,19 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
     mean: Optional[MeanOptions] = None
     if metric == "mean":
         m = _mapping(data.get("mean") or {}, source, "mean")
-        _check_keys(m, {"assumed_group_size", "min_count"}, source, "mean.")
+        _check_keys(m, {"assumed_group_size", "min_count", "assumed_mean"}, source, "mean.")
+        assumed_mean = None
+        if m.get("assumed_mean") is not None:
+            try:
+                assumed_mean = to_fraction(m["assumed_mean"], "mean.assumed_mean")
+            except DpSparkError as exc:
+                raise _err(source, "mean.assumed_mean", str(exc)) from None
+            if not value.declared_lower <= assumed_mean <= value.declared_upper:
+                raise _err(source, "mean.assumed_mean", "must lie within the value's [lower, upper]")
         mean = MeanOptions(
             assumed_group_size=_int(m.get("assumed_group_size", 100), source, "mean.assumed_group_size"),
             min_count=_int(m.get("min_count", 1), source, "mean.min_count"),
+            assumed_mean=assumed_mean,
         )
     elif data.get("mean") is not None:
         raise _err(source, "mean", "only a 'mean' metric takes mean options")

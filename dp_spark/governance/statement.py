@@ -190,8 +190,9 @@ def _spec_json(spec: Any) -> dict[str, Any]:
             "column": spec.value.column,
             "declared": [str(spec.value.declared_lower), str(spec.value.declared_upper)],
             "enforced": [str(spec.value.lower), str(spec.value.upper)]},
-        "mean": None if spec.mean is None else {"assumed_group_size": spec.mean.assumed_group_size,
-                                                "min_count": spec.mean.min_count},
+        "mean": None if spec.mean is None else {
+            "assumed_group_size": spec.mean.assumed_group_size, "min_count": spec.mean.min_count,
+            "assumed_mean": None if spec.mean.assumed_mean is None else str(spec.mean.assumed_mean)},
         "budget_id": spec.budget_id,
         "charge_per_release": spec.charge.to_json(),
         "confidence": str(spec.confidence),

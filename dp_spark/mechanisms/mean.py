@@ -113,7 +113,8 @@ def _sum_noise(var_s: float, mechanism: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def mean_split_error(split: Fraction, bounds: ContributionBounds, relation, assumed_group_size: int,
-                     mechanism: str, budget: Union[PureDP, ZCDP], min_count: int = 1) -> float:
+                     mechanism: str, budget: Union[PureDP, ZCDP], min_count: int = 1,
+                     assumed_mean=None) -> float:
     """Model of the mean's worst-case expected squared error for a given ``split``.
 
     ``split`` of the budget goes to the normalised sum, the rest to the count. With n the
@@ -123,6 +124,8 @@ def mean_split_error(split: Fraction, bounds: ContributionBounds, relation, assu
 
         err(f, d) = E[ (clamp((n d + e_S) / C~, -W, W) - d)^2 ]
         model(f)  = max over d in {0, W/4, W/2, 3W/4, W} of err(f, d)
+
+    (with a public ``assumed_mean`` a: err(f, a - mid) instead)
 
     (err is symmetric in d). The expectation is a sum over the count noise's integer
     distribution and a quadrature over the sum noise, the floor and the clamp included,
@@ -139,7 +142,7 @@ def mean_split_error(split: Fraction, bounds: ContributionBounds, relation, assu
         raise ConfigError("a mean split must be in (0, 1)")
     if w2 == 0:
         return 0.0
-    return _model_error(f, sens_s, sens_c, w2, n, m, mechanism, total)
+    return _model_error(f, sens_s, sens_c, w2, n, m, mechanism, total, _deviations(bounds, assumed_mean))
 
 
 def _budget_value(budget, mechanism: str) -> float:
@@ -152,14 +155,27 @@ def _budget_value(budget, mechanism: str) -> float:
     return float(budget.rho)
 
 
-def _model_error(f: float, sens_s, sens_c, w2, n, m, mechanism, total) -> float:
+def _deviations(bounds: ContributionBounds, assumed_mean) -> tuple[float, ...]:
+    """The |mean - mid| / W at which the split's error is evaluated (the worst case is taken):
+    the whole range [0, 1] by default; with a public ``assumed_mean``, that mean alone."""
+    if assumed_mean is None:
+        return _DEVIATIONS
+    a = _exact(assumed_mean, "assumed_mean")
+    if not bounds.lower <= a <= bounds.upper:
+        raise ConfigError("assumed_mean must lie within [lower, upper]")
+    w = bounds.half_width
+    d0 = 0.0 if w == 0 else abs(float((a - (bounds.lower + bounds.upper) / 2) / w))
+    return (min(d0, 1.0),)
+
+
+def _model_error(f: float, sens_s, sens_c, w2, n, m, mechanism, total, deviations=_DEVIATIONS) -> float:
     var_s, var_c = _variances(f, sens_s, sens_c, mechanism, total)
     xc, pc = _count_noise(var_c, mechanism)
     xs, ps = _sum_noise(var_s / w2, mechanism)  # the sum noise in units of W
     c = np.maximum(n + xc, m)[:, None]
     weights = pc[:, None] * ps[None, :]
     worst = 0.0
-    for d in _DEVIATIONS:
+    for d in deviations:
         est = np.clip((n * d + xs[None, :]) / c, -1.0, 1.0)
         worst = max(worst, float(np.sum(weights * (est - d) ** 2)))
     return worst * w2
@@ -180,7 +196,7 @@ def _snap(f: float) -> Fraction:
 
 
 @lru_cache(maxsize=1024)
-def _optimal_split_cached(bounds, relation, n, mechanism, budget, min_count) -> Fraction:
+def _optimal_split_cached(bounds, relation, n, mechanism, budget, min_count, deviations=_DEVIATIONS) -> Fraction:
     sens_s, sens_c, w2 = _noise_inputs(bounds, relation, mechanism)
     if w2 == 0 or sens_s == 0:
         return Fraction(1, 2)
@@ -191,7 +207,7 @@ def _optimal_split_cached(bounds, relation, n, mechanism, budget, min_count) -> 
 
     def err(f: Fraction) -> float:
         if f not in memo:
-            memo[f] = _model_error(float(f), sens_s, sens_c, w2, n, min_count, mechanism, total)
+            memo[f] = _model_error(float(f), sens_s, sens_c, w2, n, min_count, mechanism, total, deviations)
         return memo[f]
 
     def best_of(cands) -> Fraction:
@@ -205,7 +221,8 @@ def _optimal_split_cached(bounds, relation, n, mechanism, budget, min_count) -> 
 
 
 def optimal_mean_split(bounds: ContributionBounds, relation, assumed_group_size: int, mechanism: str,
-                       *, budget: Optional[Union[PureDP, ZCDP]] = None, min_count: int = 1) -> Fraction:
+                       *, budget: Optional[Union[PureDP, ZCDP]] = None, min_count: int = 1,
+                       assumed_mean=None) -> Fraction:
     """Share of the mean's budget (epsilon for Laplace, rho for Gaussian) given to the
     normalised sum; the count gets the rest. A simple Fraction k/100 in [0.05, 0.95].
 
@@ -217,6 +234,10 @@ def optimal_mean_split(bounds: ContributionBounds, relation, assumed_group_size:
       expected squared error of the clamped, floored estimator for groups of
       ``assumed_group_size`` rows. For large groups it tends to the delta-method optimum;
       for small groups (noisy count and sum) it departs from 1/2 (tested: it beats 50/50).
+      With a public ``assumed_mean`` the error is minimised at that mean instead of at the
+      worst case over the whole range: the split follows where the mean is (far from the
+      midpoint count noise matters more; near it, less). Public, so still free; a wrong
+      assumption costs accuracy only (the optimum is flat near its minimum).
     * Without ``budget``: the closed-form minimiser of the delta method
       Var(S)/n^2 + W^2 Var(C)/n^2, with Var ~ Delta_1^2/eps^2 (Laplace) or Delta_2^2/rho
       (Gaussian): f/(1-f) = (Delta_S / (W Delta_C))^(2/3) (Laplace) or
@@ -231,7 +252,10 @@ def optimal_mean_split(bounds: ContributionBounds, relation, assumed_group_size:
         raise InvalidBoundsError("bounds must be ContributionBounds")
     if budget is not None:
         _budget_value(budget, mechanism)
-    return _optimal_split_cached(bounds, as_relation(relation), n, mechanism, budget, m)
+    devs = _deviations(bounds, assumed_mean) if bounds.has_values else _DEVIATIONS
+    if budget is None and assumed_mean is not None:
+        raise ConfigError("an assumed_mean is used by the budget-aware split: pass budget")
+    return _optimal_split_cached(bounds, as_relation(relation), n, mechanism, budget, m, devs)
 
 
 # --- post-processing ----------------------------------------------------------------------

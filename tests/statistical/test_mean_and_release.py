@@ -247,6 +247,21 @@ def test_optimal_split_beats_half_for_small_groups(test_mode):
         assert mse_opt < 0.95 * mse_half, (level, mse_opt, mse_half)
 
 
+@pytest.mark.parametrize("assumed,should_win", [(50, True), (100, False)])
+def test_a_right_assumed_mean_beats_half_and_a_wrong_one_does_not(test_mode, assumed, should_win):
+    """A large group whose mean sits at the midpoint: with that (public) assumption the
+    split gives the sum most of the budget and the empirical MSE drops well below 50/50's;
+    the same check with the assumption at a bound does not pass (the test can fail)."""
+    b = ContributionBounds(max_rows_per_unit=3, lower=0, upper=100)
+    n, budget, reps = 500, PureDP(1), 20_000
+    f = optimal_mean_split(b, AR, n, "discrete_laplace", budget=budget, assumed_mean=F(assumed))
+    values = [F(40), F(60)] * (n // 2)  # mean 50
+    mse_f = empirical_mse(values, b, budget, f, -4, reps, SeededNoiseSource(7))
+    mse_half = empirical_mse(values, b, budget, F(1, 2), -4, reps, SeededNoiseSource(8))
+    print(f"assumed mean {assumed}: split {f} mse {mse_f:.3f} vs 1/2 {mse_half:.3f}")
+    assert (mse_f < 0.7 * mse_half) is should_win
+
+
 def test_split_matters_little_for_large_groups(test_mode):
     b = ContributionBounds(max_rows_per_unit=3, lower=0, upper=100)
     f = optimal_mean_split(b, AR, 5000, "discrete_laplace", budget=PureDP(1))

@@ -165,3 +165,15 @@ def test_env_relative_paths(tmp_path):
         from dp_spark.config import env_from_dict
 
         env_from_dict({"name": "t", "warehouse": "wh"}, source="e.yaml")
+
+
+def test_assumed_mean_is_optional_public_and_checked():
+    plain = spec()
+    assert plain.mean.assumed_mean is None and "assumed_mean" not in plain.canonical()["mean"]
+    s = spec(mean={"assumed_group_size": 100, "min_count": 5, "assumed_mean": 45.5})
+    assert s.mean.assumed_mean == Fraction("45.5") and s.canonical()["mean"]["assumed_mean"] == "91/2"
+    assert s.version() != plain.version()  # a different split is a different release
+    with pytest.raises(ConfigError, match=r"t\.yaml.*mean\.assumed_mean.*within"):
+        spec(mean={"assumed_group_size": 100, "assumed_mean": 501})
+    with pytest.raises(ConfigError, match=r"mean\.assumed_mean"):
+        spec(mean={"assumed_group_size": 100, "assumed_mean": "lots"})

@@ -111,6 +111,26 @@ def test_split_depends_on_public_parameters_only():
     assert a != F(1, 2)
 
 
+def test_assumed_mean_moves_the_split_with_the_mean():
+    """Near the midpoint the count noise barely moves the mean: the sum gets more; at a
+    bound the worst case is where it was (the default takes the whole range)."""
+    lo, hi = B.lower, B.upper
+    mid = (lo + hi) / 2
+    kw = dict(budget=PureDP(1), min_count=1)
+    default = optimal_mean_split(B, AR, 2000, "discrete_laplace", **kw)
+    centred = optimal_mean_split(B, AR, 2000, "discrete_laplace", assumed_mean=mid, **kw)
+    at_bound = optimal_mean_split(B, AR, 2000, "discrete_laplace", assumed_mean=hi, **kw)
+    assert centred >= default + F(2, 10)
+    assert abs(at_bound - default) <= F(5, 100)
+    # the model's error at its own choice is below the default's, at that assumption
+    e = lambda f: mean_split_error(f, B, AR, 2000, "discrete_laplace", PureDP(1), assumed_mean=mid)  # noqa: E731
+    assert e(centred) < 0.8 * e(default)
+    with pytest.raises(ConfigError, match="assumed_mean"):
+        optimal_mean_split(B, AR, 10, "discrete_laplace", assumed_mean=hi + 1, **kw)
+    with pytest.raises(ConfigError, match="assumed_mean"):
+        optimal_mean_split(B, AR, 10, "discrete_laplace", assumed_mean=mid)  # needs the budget
+
+
 def test_split_validation():
     with pytest.raises(ConfigError):
         optimal_mean_split(B, AR, 0, "discrete_laplace")
