@@ -6,7 +6,8 @@
       -> lazy Spark plan (schema checked) -> reserve budget (exactly once)
       -> executors: bound per unit, partials per public key -> collect O(keys)
       -> driver: noise (one draw per cell), post-processing, intervals
-      -> Delta MERGE by release_id -> ledger commit -> audit -> Delta mirror
+      -> Delta MERGE insert-if-absent by release_id -> ledger commit -> audit
+      -> versions, Delta mirror, statement (now, or at finish() in a batch)
 
 Noisy values stay in driver memory until the Delta write has committed: they are never
 logged or printed before. The log lines name stages, counts of cells and ids only.
@@ -22,7 +23,7 @@ import secrets
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
@@ -114,7 +115,7 @@ def plan_release(spec: ReleaseSpec) -> ReleasePlan:
         k = spec.value.grid_exponent
         mech = "discrete_laplace" if isinstance(charge, PureDP) else "discrete_gaussian"
         split = optimal_mean_split(b, rel, spec.mean.assumed_group_size, mech, budget=charge,
-                                   min_count=spec.mean.min_count)
+                                   min_count=spec.mean.min_count, assumed_mean=spec.mean.assumed_mean)
         sum_share = _share(charge, split)
         count_share = charge - sum_share
         stats = (
@@ -141,8 +142,8 @@ def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) ->
 def build_partials(df, spec: ReleaseSpec, salt: str):
     """DataFrame of partials per public key; lazy. Schema errors surface here, before any charge.
 
-    Input schema: the spec's columns. Output schema: key:string, rows:long, units:long
-    [, sum_fixed:decimal(38,0)].
+    Input schema: the spec's columns. Output schema: key:string, rows:long, then units:long
+    (metric distinct_units) or sum_fixed:decimal(38,0) (metrics sum and mean).
     """
     from pyspark.sql import functions as F
 
@@ -191,7 +192,10 @@ def build_partials(df, spec: ReleaseSpec, salt: str):
             frac_bits=-spec.value.grid_exponent,
             out_col=fixed,
         )
-    return compute_partials(df, key_col=key, unit_col=unit, fixed_col=fixed)
+    # distinct units are counted only for the metric that releases them (a distinct count
+    # is the costliest aggregate of the pass)
+    return compute_partials(df, key_col=key, unit_col=unit, fixed_col=fixed,
+                            count_units=spec.metric == "distinct_units")
 
 
 # --------------------------------------------------------------------------------------
@@ -354,17 +358,18 @@ class Engine:
     def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
                  principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
                  mode: str = "official", access=None, refresh: str = "each"):
-        """``refresh``: when the Delta mirror of the ledger and the privacy statements are
-        rebuilt: ``"each"`` after every release (default), or ``"deferred"``: once, when
-        :meth:`finish` is called (a job publishing several releases calls it at the end).
-        The SQL ledger and the release tables are always written before ``publish`` returns."""
+        """``refresh``: when the version records (``_published``), the Delta mirror of the
+        ledger and the privacy statements are updated: ``"each"`` after every release
+        (default), or ``"deferred"``: once, when :meth:`finish` is called (a job publishing
+        several releases calls it at the end: one versions commit for all of them). The SQL
+        ledger and the release tables are always written before ``publish`` returns."""
         if mode not in ("official", "exploration"):
             raise ConfigError("mode must be 'official' or 'exploration'")
         if refresh not in ("each", "deferred"):
             raise ConfigError("refresh must be 'each' or 'deferred'")
         self.refresh = refresh
         self._pending_mirror = False
-        self._pending_statements: set[str] = set()
+        self._pending_versions: list[tuple[str, str]] = []  # (family, release id), in order
         self.env = env
         self.policies = load_policies(env.policies)
         if spark is None:
@@ -421,17 +426,18 @@ class Engine:
         self._refresh_mirror()
 
     def finish(self) -> None:
-        """Rebuild what ``refresh="deferred"`` postponed: the ledger mirror and the statements."""
-        from dp_spark.governance import after_official_release
+        """Complete what ``refresh="deferred"`` postponed: the version records of the official
+        releases published since the last call (ONE commit for all of them), the ledger mirror,
+        and one privacy statement per family."""
+        from dp_spark.governance import after_official_releases
 
+        pending, self._pending_versions = self._pending_versions, []
         if self._pending_mirror:
             self._refresh_mirror()
             self._pending_mirror = False
-        for family, release_id in sorted(self._pending_statements):
-            after_official_release(self.spark, env=self.env, family=family, release_id=release_id,
-                                   principal=self.principal, ledger=self.ledger,
-                                   releases_dir=self.access.releases_dir)
-        self._pending_statements.clear()
+        if pending:
+            after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
+                                    ledger=self.ledger, releases_dir=self.access.releases_dir)
 
     def _refresh_mirror(self) -> None:
         try:
@@ -527,15 +533,15 @@ class Engine:
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         # 6. write (atomic, insert-if-absent), then commit the reservation
         with _stage(self.spark, "write", release_id):
-            won = self._write_once(path, release_id, rows)
-        del rows, cells  # the noisy values now live in the table only
-        if not won:
+            wrote = self._write_once(path, release_id, rows)
+        del cells
+        self._commit_if_owner(release_id, owner)
+        if not wrote:
+            del rows  # never written, never shown
             # a concurrent run (which took the reservation over) wrote first: its output is the
             # release; ours was never written or shown, and the reservation is charged once
-            self._commit_if_owner(release_id, owner)
             self._audit(spec, "cache_hit", release_id, None, "concurrent run won the write")
             return self._stored(spec, release_id, path, "cache_hit", "a concurrent run published it")
-        self._commit_if_owner(release_id, owner)
         status = "degraded" if _degraded_from else "published"
         detail = f"degraded from {_degraded_from}" if _degraded_from else ""
         if spec.min_group_size is not None:
@@ -543,9 +549,15 @@ class Engine:
         self._audit(spec, status, release_id, charged, detail)
         self._mirror()
         self._version(spec, release_id)
-        result = self._stored(spec, release_id, path, status)
-        return replace(result, charge=charged,
-                       note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
+        # the write committed exactly these rows: return them without reading the table back
+        from dp_spark.release.writer import RELEASE_SCHEMA
+
+        stored = tuple(sorted(({f.name: r[f.name] for f in RELEASE_SCHEMA.fields} for r in rows),
+                              key=lambda r: (r["statistic"], r["key"])))
+        return ReleaseResult(
+            release_id=release_id, family=spec.family, status=status, table_path=path, rows=stored,
+            charge=charged, budget_id=spec.budget_id, budget_remaining=self.ledger.status(spec.budget_id).remaining,
+            note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
 
     def _threshold(self, spec: ReleaseSpec, cells, components):
         from dp_spark.governance.thresholds import apply_min_group_size, count_statistic_for
@@ -562,47 +574,53 @@ class Engine:
         )
 
     def _version(self, spec: ReleaseSpec, release_id: str) -> None:
-        """Official releases: make this the family's current version; regenerate the statement."""
+        """Official releases: make this the family's current version and regenerate its
+        statement, now (``refresh="each"``) or in :meth:`finish` (``"deferred"``: one commit
+        for the whole batch; a crash before it leaves committed releases unversioned, and their
+        rerun, a cache hit, versions them)."""
         if self.mode != "official":
+            return
+        if self.refresh == "deferred":
+            item = (spec.family, release_id)
+            if item not in self._pending_versions:
+                self._pending_versions.append(item)
             return
         from dp_spark.governance import after_official_release
 
-        deferred = self.refresh == "deferred"
-        # the version record is part of publishing; the statement may wait for finish()
         after_official_release(self.spark, env=self.env, family=spec.family, release_id=release_id,
                                principal=self.principal, ledger=self.ledger,
-                               releases_dir=self.access.releases_dir, write=not deferred)
-        if deferred:
-            self._pending_statements = {(f, r) for f, r in self._pending_statements if f != spec.family}
-            self._pending_statements.add((spec.family, release_id))
+                               releases_dir=self.access.releases_dir)
 
     def _write_once(self, path: str, release_id: str, rows) -> bool:
-        """Write the release insert-if-absent; False when another run's write got there first."""
+        """Write the release insert-if-absent; False when another run's write got there first.
+
+        One MERGE: it inserts the cells only when no row of ``release_id`` exists, and its
+        metrics say whether it did, so no separate presence check is needed."""
         from dp_spark.release.writer import release_present, write_release
 
-        if release_present(self.spark, path, release_id):
-            return False
         try:
-            write_release(self.spark, path, rows)
+            return write_release(self.spark, path, rows) > 0
         except Exception as exc:
             # Delta's optimistic concurrency: a concurrent MERGE into the same table conflicts.
             if "Concurrent" in type(exc).__name__ or "DELTA_CONCURRENT" in str(exc)[:2000]:
                 if release_present(self.spark, path, release_id):
                     return False
-                write_release(self.spark, path, rows)  # the conflict was another release's append
-                return True
+                # the conflict was another release's write: ours is still absent
+                return write_release(self.spark, path, rows) > 0
             raise
-        return True
 
-    def _commit_if_owner(self, release_id: str, owner: str) -> None:
+    def _commit_if_owner(self, release_id: str, owner: str) -> bool:
+        """Commit the reservation; False when another run owns it now (it took it over)."""
         try:
             self.ledger.commit(release_id, owner)
+            return True
         except ReleaseConflictError:
             entry = self.ledger.find(release_id)
             if entry is None or entry.state != "committed":
                 # the release is written (found by id); whoever owns the reservation now
                 # commits it, and any later run heals it by finding the release
                 log.info("release %s: written; the reservation is owned by another run", release_id[:12])
+            return False
 
     def _reserve(self, spec, release_id, charge, event_json, owner):
         deadline = time.monotonic() + self.env.lease_seconds + 10

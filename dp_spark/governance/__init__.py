@@ -60,6 +60,7 @@ __all__ = [
     "MinGroupSize",
     "access_policy_for_env",
     "after_official_release",
+    "after_official_releases",
     "apply_min_group_size",
     "authorize",
     "build_and_write_statement",
@@ -104,6 +105,22 @@ def after_official_release(spark, *, env: Any, family: str, release_id: str, pri
             spark, family=family, ledger=ledger, releases_dir=releases_dir,
             releases_path=f"{env.output_root}/{family}", published_path=pub, out_dir=statement_dir(env))
     return no, md
+
+
+def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]], principal: str, ledger: Any,
+                            releases_dir: str | Path) -> dict[str, Path]:
+    """:func:`after_official_release` for a batch: every (family, release id), in publication
+    order, versioned in ONE commit, then one statement per family. Returns family -> .md path."""
+    from dp_spark.governance.versions import published_path_for, record_publications
+
+    pub = published_path_for(env.output_root)
+    record_publications(spark, pub, releases, principal)
+    out: dict[str, Path] = {}
+    for family in sorted({f for f, _ in releases}):
+        _, _, out[family] = build_and_write_statement(
+            spark, family=family, ledger=ledger, releases_dir=releases_dir,
+            releases_path=f"{env.output_root}/{family}", published_path=pub, out_dir=statement_dir(env))
+    return out
 
 
 def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str, ledger: Any,

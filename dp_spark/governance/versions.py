@@ -18,8 +18,10 @@ together; a rollback withdraws the current row and restores the previous one tog
 crash therefore leaves either the old state or the new, never two current versions. The
 table is created with ``delta.isolationLevel = Serializable``; two concurrent changes of
 one family both rewrite the file of its current row, so Delta refuses the second commit
-(ConcurrentAppend/ConcurrentDelete...), which is retried on the new state. After each
-change the invariant is checked again (a log store that lost a commit is detected).
+(ConcurrentAppend/ConcurrentDelete...), which is retried on the new state. A publication
+checks the MERGE's metrics (one row inserted, every current row superseded) and re-reads
+the table only when they differ; a rollback always re-reads. Every read checks the
+invariant, so a log store that lost a commit is detected by the next change or reader.
 
 Rollback keeps the history (rows are never deleted) and refunds NO budget: the withdrawn
 release was published, so whoever read it holds its privacy loss; the ledger keeps its
@@ -35,7 +37,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,6 +51,7 @@ __all__ = [
     "VersionInvariantError",
     "ensure_published_table",
     "record_publication",
+    "record_publications",
     "rollback",
     "current_release_id",
     "history",
@@ -99,12 +102,16 @@ def _ref(path: str) -> str:
     return "delta.`" + path.replace("`", "``") + "`"
 
 
-def _exists(spark: SparkSession, path: str) -> bool:
+def _schema(spark: SparkSession, path: str) -> Optional[T.StructType]:
+    """The table's schema from its (cached) Delta log, or None when there is no table."""
     try:
-        spark.sql(f"DESCRIBE DETAIL {_ref(path)}").first()
-        return True
+        return spark.read.format("delta").load(path).schema
     except Exception:
-        return False
+        return None
+
+
+def _exists(spark: SparkSession, path: str) -> bool:
+    return _schema(spark, path) is not None
 
 
 def _now(clock: Optional[Callable[[], datetime]]) -> datetime:
@@ -122,8 +129,9 @@ def _text(value: Any, name: str, limit: int = 256) -> str:
 
 def ensure_published_table(spark: SparkSession, path: str) -> None:
     """Create the versions table (Serializable isolation) if absent; check its schema."""
-    if _exists(spark, path):
-        have = {(f.name, f.dataType.simpleString()) for f in spark.read.format("delta").load(path).schema.fields}
+    schema = _schema(spark, path)
+    if schema is not None:
+        have = {(f.name, f.dataType.simpleString()) for f in schema.fields}
         want = {(f.name, f.dataType.simpleString()) for f in PUBLISHED_SCHEMA.fields}
         if have != want:
             raise ConfigError(f"versions table '{path}' exists with another schema")
@@ -138,11 +146,13 @@ def ensure_published_table(spark: SparkSession, path: str) -> None:
             raise
 
 
-def _rows(spark: SparkSession, path: str, family: str) -> list[dict[str, Any]]:
+def _rows(spark: SparkSession, path: str, family: Union[str, Sequence[str]]) -> list[dict[str, Any]]:
+    """The versions of one family (or of several), ordered by (family, version_no)."""
     if not _exists(spark, path):
         return []
-    df = spark.read.format("delta").load(path).where(F.col("family") == family)
-    return [r.asDict() for r in df.orderBy("version_no").collect()]
+    families = [family] if isinstance(family, str) else list(family)
+    df = spark.read.format("delta").load(path).where(F.col("family").isin(families))
+    return [r.asDict() for r in df.orderBy("family", "version_no").collect()]
 
 
 def _check_invariant(rows: list[dict[str, Any]], family: str) -> None:
@@ -160,13 +170,15 @@ def _is_conflict(exc: Exception) -> bool:
     return "Concurrent" in text or "DELTA_CONCURRENT" in text
 
 
-def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> None:
-    """Apply ``changes`` (rows of _CHANGE_SCHEMA) in one MERGE = one Delta commit."""
+def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> tuple[int, int]:
+    """Apply ``changes`` (rows of _CHANGE_SCHEMA) in one MERGE = one Delta commit.
+
+    Returns the MERGE's metrics: (rows inserted, rows updated)."""
     src = spark.createDataFrame(changes, _CHANGE_SCHEMA)
     view = f"__dp_versions_src_{uuid.uuid4().hex}"
     src.createOrReplaceTempView(view)
     try:
-        spark.sql(f"""
+        metrics = spark.sql(f"""
             MERGE INTO {_ref(path)} AS t
             USING {view} AS s
             ON t.family = s.family AND t.version_no = s.version_no
@@ -178,9 +190,13 @@ def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> None:
             WHEN NOT MATCHED AND s.op = 'insert' THEN INSERT
                 (family, version_no, release_id, state, reason, principal, at, changed_by, changed_at)
                 VALUES (s.family, s.version_no, s.release_id, s.new_state, NULL, s.principal, s.at, NULL, NULL)
-        """)
+        """).first()
     finally:
         spark.catalog.dropTempView(view)
+    try:
+        return int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"])
+    except (TypeError, KeyError, ValueError):
+        return -1, -1  # no metrics from this Delta: callers re-read the table
 
 
 def _with_retries(fn: Callable[[], Any]) -> Any:
@@ -204,29 +220,55 @@ def record_publication(spark: SparkSession, path: str, family: str, release_id: 
     returns that version number, so a rerun (cache hit) of a withdrawn release does not bring
     it back. Call it only for official releases, after the release write and ledger commit.
     """
-    _text(family, "family", 64)
-    _text(release_id, "release_id", 128)
-    _text(principal, "principal")
-    ensure_published_table(spark, path)
+    return record_publications(spark, path, [(family, release_id)], principal, clock=clock)[0]
 
-    def attempt() -> int:
-        rows = _rows(spark, path, family)
-        _check_invariant(rows, family)
-        for r in rows:
-            if r["release_id"] == release_id:
-                return int(r["version_no"])
+
+def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[str, str]], principal: str, *,
+                        clock: Optional[Callable[[], datetime]] = None) -> list[int]:
+    """:func:`record_publication` for several (family, release id) pairs, in order, in ONE
+    commit: a batch job versions all its releases with one MERGE. Within a family, each new
+    release supersedes the one before it, so the family's last new release ends up current.
+    Returns the version number of each item."""
+    items = [(_text(f, "family", 64), _text(r, "release_id", 128)) for f, r in items]
+    _text(principal, "principal")
+    if not items:
+        return []
+    ensure_published_table(spark, path)
+    families = sorted({f for f, _ in items})
+
+    def attempt() -> list[int]:
+        rows = _rows(spark, path, families)
+        by_family = {f: [r for r in rows if r["family"] == f] for f in families}
+        for f in families:
+            _check_invariant(by_family[f], f)
         at = _now(clock)
-        new_no = max((int(r["version_no"]) for r in rows), default=0) + 1
-        changes = [(family, new_no, release_id, "insert", None, "current", None, principal, at)]
-        changes += [(family, int(r["version_no"]), r["release_id"], "change", "current", "superseded", None,
-                     principal, at) for r in rows if r["state"] == "current"]
-        _merge(spark, path, changes)
-        after = _rows(spark, path, family)
-        _check_invariant(after, family)
-        mine = [r for r in after if r["release_id"] == release_id]
-        if not mine:  # another writer took the number: try again on the new state
-            raise _Conflict("version number taken concurrently")
-        return int(mine[0]["version_no"])
+        known = {(r["family"], r["release_id"]): int(r["version_no"]) for r in rows}
+        inserts: dict[tuple[str, str], int] = {}
+        last_new: dict[str, tuple[str, str]] = {}
+        next_no = {f: max((int(r["version_no"]) for r in by_family[f]), default=0) + 1 for f in families}
+        for item in items:
+            if item in known or item in inserts:
+                continue
+            inserts[item] = next_no[item[0]]
+            next_no[item[0]] += 1
+            last_new[item[0]] = item
+        if not inserts:
+            return [known[i] for i in items]
+        changes = [(f, no, rid, "insert", None, "current" if last_new[f] == (f, rid) else "superseded", None,
+                    principal, at) for (f, rid), no in inserts.items()]
+        changes += [(f, int(r["version_no"]), r["release_id"], "change", "current", "superseded", None,
+                     principal, at) for f in last_new for r in by_family[f] if r["state"] == "current"]
+        inserted, updated = _merge(spark, path, changes)
+        if (inserted, updated) != (len(inserts), len(changes) - len(inserts)):
+            # not the expected effect (or no metrics): check the new state, retry if it moved
+            after = _rows(spark, path, families)
+            for f in families:
+                _check_invariant([r for r in after if r["family"] == f], f)
+            mine = {(r["family"], r["release_id"]): (int(r["version_no"]), r["state"]) for r in after}
+            if any(mine.get(i, (None, None))[0] != no for i, no in inserts.items()):
+                raise _Conflict("version numbers taken concurrently")
+        # Serializable isolation: a concurrent change of these families fails this commit
+        return [known[i] if i in known else inserts[i] for i in items]
 
     return _with_retries(attempt)
 

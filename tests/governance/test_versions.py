@@ -18,6 +18,7 @@ from dp_spark.governance.versions import (
     published_path_for,
     published_view,
     record_publication,
+    record_publications,
     rollback,
 )
 
@@ -75,6 +76,23 @@ def test_publish_supersede_and_idempotent(spark, paths):
     h = history(spark, pub, "dau")
     assert h[0]["principal"] == "publisher_bob" and h[0]["changed_by"] == "publisher_bob"
     assert h[1]["changed_by"] is None and h[1]["at"] > h[0]["at"]
+
+
+def test_a_batch_is_versioned_in_one_commit_in_order(spark, paths):
+    pub, _ = paths
+    clk = clock_from()
+    record_publication(spark, pub, "dau", "d0", "bob", clock=clk)
+    v0 = spark.sql(f"DESCRIBE HISTORY delta.`{pub}`").agg(F.max("version")).first()[0]
+    got = record_publications(spark, pub, [("dau", "d1"), ("aov", "a1"), ("dau", "d2"), ("dau", "d0")], "bob",
+                              clock=clk)
+    v1 = spark.sql(f"DESCRIBE HISTORY delta.`{pub}`").agg(F.max("version")).first()[0]
+    assert got == [2, 1, 3, 1] and v1 - v0 == 1  # d0 already had version 1: unchanged
+    assert states(spark, pub, "dau") == [(1, "d0", "superseded"), (2, "d1", "superseded"), (3, "d2", "current")]
+    assert states(spark, pub, "aov") == [(1, "a1", "current")]
+    # a rerun of the batch changes nothing and makes no commit
+    assert record_publications(spark, pub, [("dau", "d1"), ("aov", "a1"), ("dau", "d2")], "bob") == [2, 1, 3]
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{pub}`").agg(F.max("version")).first()[0] == v1
+    assert record_publications(spark, pub, [], "bob") == []
 
 
 def test_each_state_change_is_one_delta_commit(spark, paths):

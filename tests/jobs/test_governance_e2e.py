@@ -109,3 +109,28 @@ def test_rollback_restores_previous_version_without_refund(spark, warehouse, cap
 
     view = published_view(spark, f"{env.output_root}/dau_daily", pub, "dau_daily")
     assert {r["release_id"] for r in view.select("release_id").distinct().collect()} == {first.release_id}
+
+
+def test_deferred_engine_versions_the_batch_at_finish_and_a_rerun_heals(spark, warehouse):
+    from dp_spark.governance.versions import current_release_id, history, published_path_for
+
+    env = load_env(warehouse)
+    pub = published_path_for(env.output_root)
+    spec = register(warehouse, "dau_daily")
+    eng = engine(spark, warehouse, "publisher_bob", refresh="deferred")
+    first = eng.publish(spec)
+    assert first.status == "published"
+    # published (table and ledger) but not yet versioned: that waits for finish()
+    assert current_release_id(spark, pub, "dau_daily") is None
+    statement = Path(env.warehouse) / "statements" / "dau_daily.json"
+    assert not statement.exists()
+    # the engine "crashes" here: a new engine's rerun is a cache hit, and its finish() heals
+    again = engine(spark, warehouse, "publisher_bob", refresh="deferred")
+    hit = again.publish(spec)
+    assert hit.status == "cache_hit" and hit.release_id == first.release_id and hit.charge is None
+    again.finish()
+    assert current_release_id(spark, pub, "dau_daily") == first.release_id
+    assert [h["version_no"] for h in history(spark, pub, "dau_daily")] == [1]
+    assert first.release_id in statement.read_text()
+    eng.finish()  # the crashed engine's pending record is idempotent
+    assert [h["state"] for h in history(spark, pub, "dau_daily")] == ["current"]
