@@ -56,7 +56,6 @@ EVENT_SCHEMA = T.StructType(
 
 # Activity: rows per ordinary user = 1 + floor(XM * (U^(-1/ALPHA) - 1)), capped.
 _ALPHA = 1.5
-_XM = 9.5  # untruncated mean 1 + XM / (ALPHA - 1) = 20
 _MAX_ORDINARY_ROWS = 5_000
 _ESTIMATED_MEAN_ROWS = 20
 _ROWS_PER_PARTITION = 1_000_000
@@ -113,15 +112,21 @@ def generate_events(
     heavy_users: int = 3,
     heavy_rows: int = 10000,
     partitions: int | None = None,
+    mean_rows_per_user: float = 20.0,
 ) -> DataFrame:
     """Build the synthetic event table (lazily; nothing runs until an action).
 
-    About ``n_users * 20 + heavy_users * heavy_rows`` rows: the defaults give ~0.4 M rows,
-    ``n_users=1_000_000`` ~20 M. ``partitions`` sets the number of input partitions (default:
+    About ``n_users * mean_rows_per_user + heavy_users * heavy_rows`` rows: the defaults give
+    ~0.4 M rows, ``n_users=1_000_000`` ~20 M. ``mean_rows_per_user`` (> 1, default 20) sets the
+    mean of the ordinary users' heavy-tailed activity (the Lomax scale; the tail stays alpha 1.5). ``partitions`` sets the number of input partitions (default:
     one per ~1 M expected rows, at least 2). The result is a deterministic function of the
     arguments other than ``partitions`` (which changes only the layout).
     """
     _check_int("n_users", n_users, 1, 10**12)
+    if isinstance(mean_rows_per_user, bool) or not isinstance(mean_rows_per_user, (int, float)) or not (
+            1 < float(mean_rows_per_user) <= 1000):
+        raise ConfigError("mean_rows_per_user must be a number in (1, 1000]")
+    xm = (float(mean_rows_per_user) - 1.0) * (_ALPHA - 1.0)
     _check_int("days", days, 1, 100_000)
     _check_int("regions", regions, 1, 10_000)
     _check_int("heavy_users", heavy_users, 0, n_users)
@@ -148,7 +153,7 @@ def generate_events(
     # --- users: uidx: long, n_rows: int, home: int (1-based region index)
     u_act = _uniform(seed, "activity", uidx)
     ordinary = F.least(
-        F.lit(1) + F.floor(F.lit(_XM) * (F.pow(u_act, F.lit(-1.0 / _ALPHA)) - F.lit(1.0))),
+        F.lit(1) + F.floor(F.lit(xm) * (F.pow(u_act, F.lit(-1.0 / _ALPHA)) - F.lit(1.0))),
         F.lit(_MAX_ORDINARY_ROWS),
     )
     n_rows = F.when(uidx.isin(heavy), F.lit(heavy_rows)).otherwise(ordinary) if heavy else ordinary

@@ -82,6 +82,18 @@ def test_special_values_present(events):
     assert 35 < r["median"] < 45
 
 
+def test_mean_rows_per_user_sets_the_activity_level(spark):
+    def mean_rows(m):
+        df = generate_events(spark, n_users=20_000, heavy_users=0, seed=5, mean_rows_per_user=m)
+        return df.count() / 20_000
+
+    # the Lomax tail (alpha 1.5) is capped at 5,000 rows, so the mean sits a little below
+    ten, twenty = mean_rows(10), mean_rows(20)
+    assert 8 < ten < 11 and 17 < twenty < 21
+    with pytest.raises(ConfigError, match="mean_rows_per_user"):
+        generate_events(spark, mean_rows_per_user=1)
+
+
 def test_generate_events_validates_arguments(spark):
     with pytest.raises(ConfigError, match="n_users"):
         generate_events(spark, n_users=0)
