@@ -78,17 +78,15 @@ def _charge(measure: str, eps: float):
     return ZCDP(approx_to_zcdp_rho(eps, 1e-7))
 
 
-def mean_rmse(plan, partials, repeats: int, source):
-    """Noise-only RMSE of each region's mean under ``plan``: the engine's mean estimator
-    (noisy normalised sum / max(noisy count, min_count) + midpoint, clamped to [L, U]; the
-    formula of ``mechanisms.mean.mean_from_noisy``) vectorised in numpy over ``repeats`` draws
-    of the engine's own sampler at the plan's scales. Cross-checked against ``utility.evaluate``
-    (the engine's ``noise_cells``) in the output."""
+def _mean_errors(plan, partials, draw):
+    """Errors (repeats x keys) of the engine's mean estimator under ``plan``: noisy normalised
+    sum / max(noisy count, min_count) + midpoint, clamped to [L, U] (the formula of
+    ``mechanisms.mean.mean_from_noisy``), vectorised in numpy. ``draw(plan_statistic)`` returns
+    that statistic's noise, an array (repeats x keys) in grid units."""
     import numpy as np
 
     spec = plan.spec
     by = {p.statistic: p for p in plan.statistics}
-    pc, ps = by["count"], by["normalised_sum"]
     keys = list(spec.keys)
     k = spec.value.grid_exponent
     unit = 2.0 ** k
@@ -98,11 +96,24 @@ def mean_rmse(plan, partials, repeats: int, source):
     rows = np.array([partials[x]["rows"] for x in keys], dtype=float)
     norm = np.array([partials[x]["sum_fixed"] - partials[x]["rows"] * mid_fixed for x in keys], dtype=float)
     truth = np.array([partials[x]["sum_fixed"] for x in keys], dtype=float) * unit / np.maximum(rows, 1)
-    n = repeats * len(keys)
-    zc = np.array(source.draw(pc.mechanism, pc.scale, n), dtype=float).reshape(repeats, len(keys))
-    zs = np.array(source.draw(ps.mechanism, ps.scale, n), dtype=float).reshape(repeats, len(keys))
+    zc, zs = draw(by["count"]), draw(by["normalised_sum"])
     est = np.clip(mid + (norm + zs) * unit / np.maximum(rows + zc, spec.mean.min_count), lo, hi)
-    rmse = np.sqrt(np.mean((est - truth) ** 2, axis=0))
+    return est - truth
+
+
+def mean_rmse(plan, partials, repeats: int, source):
+    """Noise-only RMSE of each region's mean under ``plan`` (:func:`_mean_errors`) over
+    ``repeats`` draws of the engine's own sampler at the plan's scales. Cross-checked against
+    ``utility.evaluate`` (the engine's ``noise_cells``) in the output."""
+    import numpy as np
+
+    keys = list(plan.spec.keys)
+
+    def draw(p):
+        z = source.draw(p.mechanism, p.scale, repeats * len(keys))
+        return np.array(z, dtype=float).reshape(repeats, len(keys))
+
+    rmse = np.sqrt(np.mean(_mean_errors(plan, partials, draw) ** 2, axis=0))
     return dict(zip(keys, rmse))
 
 
@@ -133,27 +144,13 @@ def paired_mean_errors(plans, partials, repeats: int, seed: int):
     import numpy as np
 
     rng = np.random.default_rng(seed)  # benchmark randomness (evaluation), not release noise
-    keys = list(plans[0].spec.keys)
-    shape = (repeats, len(keys))
-    uc1, uc2, us1, us2 = (1.0 - rng.random(shape) for _ in range(4))  # in (0, 1]
-    out = []
-    for plan in plans:
-        spec = plan.spec
-        by = {p.statistic: p for p in plan.statistics}
-        pc, ps = by["count"], by["normalised_sum"]
-        k = spec.value.grid_exponent
-        unit = 2.0 ** k
-        lo, hi = float(spec.value.lower), float(spec.value.upper)
-        mid = (lo + hi) / 2
-        mid_fixed = int((spec.value.lower + spec.value.upper) / 2 / (Fraction(2) ** k))
-        rows = np.array([partials[x]["rows"] for x in keys], dtype=float)
-        norm = np.array([partials[x]["sum_fixed"] - partials[x]["rows"] * mid_fixed for x in keys], dtype=float)
-        truth = np.array([partials[x]["sum_fixed"] for x in keys], dtype=float) * unit / np.maximum(rows, 1)
-        zc = _coupled(pc.mechanism, float(pc.scale), uc1, uc2)
-        zs = _coupled(ps.mechanism, float(ps.scale), us1, us2)
-        est = np.clip(mid + (norm + zs) * unit / np.maximum(rows + zc, spec.mean.min_count), lo, hi)
-        out.append(est - truth)
-    return out
+    shape = (repeats, len(plans[0].spec.keys))
+    u = {name: (1.0 - rng.random(shape), 1.0 - rng.random(shape)) for name in ("count", "normalised_sum")}  # (0, 1]
+
+    def draw(p):
+        return _coupled(p.mechanism, float(p.scale), *u[p.statistic])
+
+    return [_mean_errors(plan, partials, draw) for plan in plans]
 
 
 def main(argv=None) -> int:
