@@ -189,7 +189,9 @@ def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> tuple[int, i
                 t.changed_at = s.at
             WHEN NOT MATCHED AND s.op = 'insert' THEN INSERT
                 (family, version_no, release_id, state, reason, principal, at, changed_by, changed_at)
-                VALUES (s.family, s.version_no, s.release_id, s.new_state, NULL, s.principal, s.at, NULL, NULL)
+                VALUES (s.family, s.version_no, s.release_id, s.new_state, NULL, s.principal, s.at,
+                        CASE WHEN s.new_state = 'current' THEN NULL ELSE s.principal END,
+                        CASE WHEN s.new_state = 'current' THEN NULL ELSE s.at END)
         """).first()
     finally:
         spark.catalog.dropTempView(view)

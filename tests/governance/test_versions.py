@@ -89,6 +89,8 @@ def test_a_batch_is_versioned_in_one_commit_in_order(spark, paths):
     assert got == [2, 1, 3, 1] and v1 - v0 == 1  # d0 already had version 1: unchanged
     assert states(spark, pub, "dau") == [(1, "d0", "superseded"), (2, "d1", "superseded"), (3, "d2", "current")]
     assert states(spark, pub, "aov") == [(1, "a1", "current")]
+    h = history(spark, pub, "dau")  # d1 was superseded on arrival, in the same commit
+    assert h[1]["changed_by"] == "bob" and h[1]["changed_at"] == h[1]["at"] and h[2]["changed_by"] is None
     # a rerun of the batch changes nothing and makes no commit
     assert record_publications(spark, pub, [("dau", "d1"), ("aov", "a1"), ("dau", "d2")], "bob") == [2, 1, 3]
     assert spark.sql(f"DESCRIBE HISTORY delta.`{pub}`").agg(F.max("version")).first()[0] == v1
