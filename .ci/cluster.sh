@@ -19,21 +19,12 @@
 
 _cl_log() { echo "cluster.sh: $*" >&2; }
 
-_CL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-
-_cl_python() {
-    local py="${PY:-.venv/bin/python}"
-    case "$py" in /*) ;; *) py="$_CL_ROOT/$py" ;; esac
-    if [ -x "$py" ]; then echo "$py"; else command -v python3; fi
-}
-
-_cl_free_port() {
-    "$(_cl_python)" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
+# shellcheck source=.ci/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Number of ALIVE workers the master's JSON status page reports (0 when unreachable).
 _cl_alive_workers() {
-    "$(_cl_python)" - "$1" <<'EOF' 2>/dev/null || echo 0
+    "$(ci_python)" - "$1" <<'EOF' 2>/dev/null || echo 0
 import json, sys, urllib.request
 try:
     with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/json/", timeout=2) as r:
@@ -41,12 +32,6 @@ try:
 except Exception:
     print(0)
 EOF
-}
-
-_cl_port_open() {
-    "$(_cl_python)" -c 'import socket, sys
-s = socket.socket(); s.settimeout(1)
-sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)' "$1"
 }
 
 # _cl_spawn NAME CMD...: start CMD in a new session; records its pid (= its process group id).
@@ -67,29 +52,13 @@ _cl_spawn() {
 
 _cl_alive() { [ -s "$_CL_DIR/$1.pid" ] && kill -0 "$(cat "$_CL_DIR/$1.pid")" 2>/dev/null; }
 
-# _cl_kill NAME: TERM the process group we started, wait (bounded), then KILL it.
-_cl_kill() {
-    local f="$_CL_DIR/$1.pid" pid i
-    [ -s "$f" ] || return 0
-    pid="$(cat "$f")"
-    if kill -0 -- "-$pid" 2>/dev/null; then
-        kill -TERM -- "-$pid" 2>/dev/null || true
-        for i in $(seq 1 100); do
-            kill -0 -- "-$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-    fi
-    rm -f "$f"
-}
-
 cluster_start() {
     if [ -n "${_CL_DIR:-}" ] && [ -d "${_CL_DIR}" ]; then
         _cl_log "already running (${DP_SPARK_TEST_MASTER:-?}, dir ${_CL_DIR})"
         return 0
     fi
     local py
-    py="$(_cl_python)" || return 1
+    py="$(ci_python)" || return 1
     _CL_SPARK_HOME="$("$py" -c 'import os, pyspark; print(os.path.dirname(os.path.realpath(pyspark.__file__)))')" || {
         _cl_log "pyspark is not importable with $py"
         return 1
@@ -106,25 +75,25 @@ cluster_start() {
     local timeout="${CLUSTER_START_TIMEOUT:-90}" cores="${CLUSTER_WORKER_CORES:-1}" mem="${CLUSTER_WORKER_MEMORY:-1g}"
     local port ui attempt deadline ok=""
     for attempt in 1 2 3; do
-        port="$(_cl_free_port)"; ui="$(_cl_free_port)"
+        port="$(ci_free_port)"; ui="$(ci_free_port)"
         _cl_spawn master "$_CL_SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
             --host 127.0.0.1 --port "$port" --webui-port "$ui" || break
         deadline=$(( $(date +%s) + timeout ))
         while [ "$(date +%s)" -lt "$deadline" ] && _cl_alive master; do
-            if _cl_port_open "$port" && _cl_port_open "$ui"; then ok=1; break; fi
+            if ci_port_open "$port" && ci_port_open "$ui"; then ok=1; break; fi
             sleep 0.5
         done
         [ -n "$ok" ] && break
         _cl_log "master on port $port did not come up (attempt $attempt)"
         tail -n 20 "$_CL_DIR/master.log" >&2
-        _cl_kill master
+        ci_kill_group "$_CL_DIR/master.pid" 100
     done
     if [ -z "$ok" ]; then
         cluster_stop
         return 1
     fi
     local wui
-    wui="$(_cl_free_port)"
+    wui="$(ci_free_port)"
     if ! _cl_spawn worker "$_CL_SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
             --host 127.0.0.1 --cores "$cores" --memory "$mem" --webui-port "$wui" \
             --work-dir "$_CL_DIR/work" "spark://127.0.0.1:$port"; then
@@ -152,8 +121,8 @@ cluster_start() {
 
 cluster_stop() {
     if [ -n "${_CL_DIR:-}" ] && [ -d "${_CL_DIR}" ]; then
-        _cl_kill worker   # its executors are in its process group
-        _cl_kill master
+        ci_kill_group "$_CL_DIR/worker.pid" 100   # its executors are in its process group
+        ci_kill_group "$_CL_DIR/master.pid" 100
         if [ "${CLUSTER_KEEP_LOGS:-}" = 1 ]; then
             _cl_log "logs kept in $_CL_DIR"
         else
@@ -164,17 +133,8 @@ cluster_stop() {
     return 0
 }
 
-# `bash .ci/cluster.sh CMD...`: run CMD with a throwaway cluster, then stop it.
-cluster_with() {
-    cluster_start || return 1
-    local rc=0
-    "$@" || rc=$?
-    cluster_stop
-    return $rc
-}
-
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then
     trap cluster_stop EXIT
-    cluster_with "$@"
+    ci_with cluster_start cluster_stop "$@"
     exit $?
 fi

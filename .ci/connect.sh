@@ -18,40 +18,10 @@
 
 _sc_log() { echo "connect.sh: $*" >&2; }
 
-_SC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-
-_sc_python() {
-    local py="${PY:-.venv/bin/python}"
-    case "$py" in /*) ;; *) py="$_SC_ROOT/$py" ;; esac
-    if [ -x "$py" ]; then echo "$py"; else command -v python3; fi
-}
-
-_sc_free_port() {
-    "$(_sc_python)" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
-_sc_port_open() {
-    "$(_sc_python)" -c 'import socket, sys
-s = socket.socket(); s.settimeout(1)
-sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)' "$1"
-}
+# shellcheck source=.ci/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 _sc_alive() { [ -s "$_SC_DIR/server.pid" ] && kill -0 "$(cat "$_SC_DIR/server.pid")" 2>/dev/null; }
-
-_sc_kill() {
-    local f="$_SC_DIR/server.pid" pid i
-    [ -s "$f" ] || return 0
-    pid="$(cat "$f")"
-    if kill -0 -- "-$pid" 2>/dev/null; then
-        kill -TERM -- "-$pid" 2>/dev/null || true
-        for i in $(seq 1 150); do
-            kill -0 -- "-$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-    fi
-    rm -f "$f"
-}
 
 connect_start() {
     if [ -n "${_SC_DIR:-}" ] && [ -d "${_SC_DIR}" ]; then
@@ -59,7 +29,7 @@ connect_start() {
         return 0
     fi
     local py spark_home jars_dir jars
-    py="$(_sc_python)" || return 1
+    py="$(ci_python)" || return 1
     spark_home="$("$py" -c 'import os, pyspark; print(os.path.dirname(os.path.realpath(pyspark.__file__)))')" || {
         _sc_log "pyspark is not importable with $py"
         return 1
@@ -68,7 +38,7 @@ connect_start() {
         _sc_log "no spark-connect jar in $spark_home/jars: this pyspark cannot serve Spark Connect"
         return 1
     fi
-    jars_dir="${DP_SPARK_JARS_DIR:-$_SC_ROOT/.jars}"
+    jars_dir="${DP_SPARK_JARS_DIR:-$_CI_ROOT/.jars}"
     jars="$(ls "$jars_dir"/*.jar 2>/dev/null | paste -sd, -)"
     case "$jars" in
         *delta-spark*) ;;
@@ -78,7 +48,7 @@ connect_start() {
     mkdir -p "$_SC_DIR/local" "$_SC_DIR/warehouse"
     local timeout="${CONNECT_START_TIMEOUT:-120}" port attempt deadline ok=""
     for attempt in 1 2 3; do
-        port="$(_sc_free_port)"
+        port="$(ci_free_port)"
         # setsid: the server leads its own process group, which connect_stop ends by id
         SPARK_HOME="$spark_home" SPARK_LOCAL_IP=127.0.0.1 SPARK_LOCAL_DIRS="$_SC_DIR/local" \
         PYSPARK_PYTHON="${PYSPARK_PYTHON:-$py}" \
@@ -108,13 +78,13 @@ connect_start() {
         for i in $(seq 1 50); do [ -s "$_SC_DIR/server.pid" ] && break; sleep 0.1; done
         deadline=$(( $(date +%s) + timeout ))
         while [ "$(date +%s)" -lt "$deadline" ] && _sc_alive; do
-            if _sc_port_open "$port"; then ok=1; break; fi
+            if ci_port_open "$port"; then ok=1; break; fi
             sleep 0.5
         done
         [ -n "$ok" ] && break
         _sc_log "Spark Connect server on port $port did not come up (attempt $attempt):"
         tail -n 30 "$_SC_DIR/server.log" >&2
-        _sc_kill
+        ci_kill_group "$_SC_DIR/server.pid" 150
     done
     if [ -z "$ok" ]; then
         connect_stop
@@ -127,7 +97,7 @@ connect_start() {
 
 connect_stop() {
     if [ -n "${_SC_DIR:-}" ] && [ -d "${_SC_DIR}" ]; then
-        _sc_kill
+        ci_kill_group "$_SC_DIR/server.pid" 150
         if [ "${CONNECT_KEEP_LOGS:-}" = 1 ]; then
             _sc_log "logs kept in $_SC_DIR"
         else
@@ -138,17 +108,8 @@ connect_stop() {
     return 0
 }
 
-# `bash .ci/connect.sh CMD...`: run CMD with a throwaway server, then stop it.
-connect_with() {
-    connect_start || return 1
-    local rc=0
-    "$@" || rc=$?
-    connect_stop
-    return $rc
-}
-
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then
     trap connect_stop EXIT
-    connect_with "$@"
+    ci_with connect_start connect_stop "$@"
     exit $?
 fi

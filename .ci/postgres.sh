@@ -10,6 +10,9 @@
 # otherwise by the current user. Trust authentication, loopback only, fsync off: test data.
 # Sourced by .ci/test.sh and usable by hand (`source .ci/postgres.sh && pg_start`).
 
+# shellcheck source=.ci/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 _pg_log() { echo "postgres.sh: $*" >&2; }
 
 _pg_bindir() {
@@ -34,17 +37,6 @@ _pg_install() {
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
     $sudo apt-get update -qq >&2 || return 1
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >&2 || return 1
-}
-
-_pg_free_port() {
-    local py
-    for py in python3 python "${PY:-}"; do
-        if [ -n "$py" ] && command -v "$py" >/dev/null 2>&1; then
-            "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-            return $?
-        fi
-    done
-    echo $(( 20000 + RANDOM % 20000 ))
 }
 
 # Run a command as the cluster owner.
@@ -84,7 +76,7 @@ pg_start() {
     fi
     local port attempt
     for attempt in 1 2 3 4 5; do
-        port="$(_pg_free_port)"
+        port="$(ci_free_port)"
         if _pg_as_owner "$bindir/pg_ctl" -D "$_PG_DIR/data" -l "$_PG_DIR/server.log" -w -t 60 \
                 -o "-c listen_addresses=127.0.0.1 -p $port -k $_PG_DIR/sock -c fsync=off \
 -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB" \
@@ -122,16 +114,7 @@ pg_stop() {
     return 0
 }
 
-# `bash .ci/postgres.sh CMD...`: run CMD with a throwaway cluster, then stop it.
-pg_with() {
-    pg_start || return 1
-    local rc=0
-    "$@" || rc=$?
-    pg_stop
-    return $rc
-}
-
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then
-    pg_with "$@"
+    ci_with pg_start pg_stop "$@"
     exit $?
 fi
