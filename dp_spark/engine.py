@@ -458,7 +458,10 @@ class Engine:
                              note=note)
 
     # -- the protocol ---------------------------------------------------------------------
-    def publish(self, spec: ReleaseSpec, *, _degraded_from: Optional[str] = None) -> ReleaseResult:
+    def publish(self, spec: ReleaseSpec, *, snapshot=None, _degraded_from: Optional[str] = None) -> ReleaseResult:
+        """Publish ``spec`` (see the module docstring). ``snapshot``: an input snapshot the caller
+        already pinned (a :class:`~dp_spark.release.writer.Snapshot` of the spec's dataset), read
+        instead of pinning it again."""
         from dp_spark.governance.access import authorize
         from dp_spark.release.writer import ensure_release_table, pin_snapshot, release_present
 
@@ -475,7 +478,10 @@ class Engine:
         self.ledger.register_budget(policy)
 
         location = self.env.dataset_location(spec.dataset)
-        snapshot = pin_snapshot(self.spark, location)
+        if snapshot is None:
+            snapshot = pin_snapshot(self.spark, location)
+        elif snapshot.location != location:
+            raise ConfigError(f"{spec.source}: the snapshot given is of '{snapshot.location}', not of '{location}'")
         self.ledger.bind_dataset(spec.budget_id, snapshot.table_id, spec.unit.kind.value)
         release_id = release_id_for(spec, snapshot.table_id, snapshot.version, self.mode)
         path = self.table_path(spec)

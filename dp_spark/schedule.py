@@ -271,14 +271,12 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
         )
 
     log.info("day %s: publishing %s", iso, dspec.name)
-    result = engine.publish(dspec)
+    result = engine.publish(dspec, snapshot=snap)  # the snapshot current_id was computed on
     status = result.status
     note = result.note
     if prior is not None and status == "published":
         status = "republished"
         note = (note + "; " if note else "") + f"replaces {prior.release_id} (input version {prior.input_version})"
-    if result.release_id != current_id and status in ("published", "republished"):
-        note = (note + "; " if note else "") + "the input changed while this day was being published"
     log.info("day %s: %s release %s", iso, status, result.release_id[:12])
     return DayResult(
         day=day, release_name=dspec.name, status=status, release_id=result.release_id,

@@ -86,6 +86,17 @@ def statement_dir(env: Any) -> Path:
     return Path(env.warehouse) / "statements"
 
 
+def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: str | Path) -> Path:
+    """Rebuild and write the family's privacy statement; returns the .md path."""
+    from dp_spark.governance.versions import published_path_for
+
+    _, _, md = build_and_write_statement(
+        spark, family=family, ledger=ledger, releases_dir=releases_dir,
+        releases_path=f"{env.output_root}/{family}", published_path=published_path_for(env.output_root),
+        out_dir=statement_dir(env))
+    return md
+
+
 def after_official_release(spark, *, env: Any, family: str, release_id: str, principal: str, ledger: Any,
                            releases_dir: str | Path, write: bool = True) -> tuple[int, Optional[Path]]:
     """Make ``release_id`` the current version of ``family`` and regenerate its statement.
@@ -99,12 +110,7 @@ def after_official_release(spark, *, env: Any, family: str, release_id: str, pri
 
     pub = published_path_for(env.output_root)
     no = record_publication(spark, pub, family, release_id, principal)
-    md = None
-    if write:
-        _, _, md = build_and_write_statement(
-            spark, family=family, ledger=ledger, releases_dir=releases_dir,
-            releases_path=f"{env.output_root}/{family}", published_path=pub, out_dir=statement_dir(env))
-    return no, md
+    return no, _refresh_statement(spark, env, family, ledger, releases_dir) if write else None
 
 
 def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]], principal: str, ledger: Any,
@@ -115,12 +121,8 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
 
     pub = published_path_for(env.output_root)
     record_publications(spark, pub, releases, principal)
-    out: dict[str, Path] = {}
-    for family in sorted({f for f, _ in releases}):
-        _, _, out[family] = build_and_write_statement(
-            spark, family=family, ledger=ledger, releases_dir=releases_dir,
-            releases_path=f"{env.output_root}/{family}", published_path=pub, out_dir=statement_dir(env))
-    return out
+    return {family: _refresh_statement(spark, env, family, ledger, releases_dir)
+            for family in sorted({f for f, _ in releases})}
 
 
 def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str, ledger: Any,
@@ -138,7 +140,5 @@ def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str
                         detail={"family": family, "restored": restored, "reason": reason[:400],
                                 "refund": "none: the withdrawn release was published"})
     if write:
-        build_and_write_statement(spark, family=family, ledger=ledger, releases_dir=access.releases_dir,
-                                  releases_path=f"{env.output_root}/{family}", published_path=pub,
-                                  out_dir=statement_dir(env))
+        _refresh_statement(spark, env, family, ledger, access.releases_dir)
     return withdrawn, restored

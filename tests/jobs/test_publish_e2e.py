@@ -298,3 +298,16 @@ def test_degrade_runs_the_coarser_fallback(spark, warehouse, tmp_path):
     assert eng.ledger.status("demo_events_user").spent == ZCDP("0.3")
     decisions = [a.decision for a in eng.ledger.audit_rows()]
     assert decisions[-2:] == ["degraded", "degraded"]
+
+
+def test_a_given_snapshot_is_used_and_must_be_of_the_specs_dataset(spark, warehouse):
+    from dp_spark.release.writer import Snapshot, pin_snapshot
+
+    dau = register(warehouse, "dau_daily")
+    eng = engine(spark, warehouse)
+    with pytest.raises(ConfigError, match="snapshot given"):
+        eng.publish(dau, snapshot=Snapshot(location="/elsewhere", table_id="x", version=0))
+    assert ledger_entries(eng) == []
+    snap = pin_snapshot(spark, load_env(warehouse).dataset_location(dau.dataset))
+    res = eng.publish(dau, snapshot=snap)
+    assert res.status == "published" and {r["input_version"] for r in res.rows} == {snap.version}
