@@ -78,12 +78,7 @@ cluster_start() {
         port="$(ci_free_port)"; ui="$(ci_free_port)"
         _cl_spawn master "$_CL_SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
             --host 127.0.0.1 --port "$port" --webui-port "$ui" || break
-        deadline=$(( $(date +%s) + timeout ))
-        while [ "$(date +%s)" -lt "$deadline" ] && _cl_alive master; do
-            if ci_port_open "$port" && ci_port_open "$ui"; then ok=1; break; fi
-            sleep 0.5
-        done
-        [ -n "$ok" ] && break
+        ci_wait_ports "$_CL_DIR/master.pid" "$timeout" "$port" "$ui" && { ok=1; break; }
         _cl_log "master on port $port did not come up (attempt $attempt)"
         tail -n 20 "$_CL_DIR/master.log" >&2
         ci_kill_group "$_CL_DIR/master.pid" 100

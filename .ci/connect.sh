@@ -21,7 +21,6 @@ _sc_log() { echo "connect.sh: $*" >&2; }
 # shellcheck source=.ci/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-_sc_alive() { [ -s "$_SC_DIR/server.pid" ] && kill -0 "$(cat "$_SC_DIR/server.pid")" 2>/dev/null; }
 
 connect_start() {
     if [ -n "${_SC_DIR:-}" ] && [ -d "${_SC_DIR}" ]; then
@@ -46,7 +45,7 @@ connect_start() {
     esac
     _SC_DIR="$(mktemp -d "${TMPDIR:-/tmp}/dp_spark_connect.XXXXXX")" || return 1
     mkdir -p "$_SC_DIR/local" "$_SC_DIR/warehouse"
-    local timeout="${CONNECT_START_TIMEOUT:-120}" port attempt deadline ok=""
+    local timeout="${CONNECT_START_TIMEOUT:-120}" port attempt ok=""
     for attempt in 1 2 3; do
         port="$(ci_free_port)"
         # setsid: the server leads its own process group, which connect_stop ends by id
@@ -76,12 +75,7 @@ connect_start() {
             >"$_SC_DIR/server.log" 2>&1 </dev/null &
         local i
         for i in $(seq 1 50); do [ -s "$_SC_DIR/server.pid" ] && break; sleep 0.1; done
-        deadline=$(( $(date +%s) + timeout ))
-        while [ "$(date +%s)" -lt "$deadline" ] && _sc_alive; do
-            if ci_port_open "$port"; then ok=1; break; fi
-            sleep 0.5
-        done
-        [ -n "$ok" ] && break
+        ci_wait_ports "$_SC_DIR/server.pid" "$timeout" "$port" && { ok=1; break; }
         _sc_log "Spark Connect server on port $port did not come up (attempt $attempt):"
         tail -n 30 "$_SC_DIR/server.log" >&2
         ci_kill_group "$_SC_DIR/server.pid" 150

@@ -54,3 +54,18 @@ ci_with() {
     "$stop"
     return $rc
 }
+
+# ci_wait_ports PIDFILE TIMEOUT PORT...: wait (at most TIMEOUT seconds, while the process of
+# PIDFILE lives) until every PORT accepts connections on 127.0.0.1. 0 when they all do.
+ci_wait_ports() {
+    local f="$1" deadline p up
+    deadline=$(( $(date +%s) + $2 ))
+    shift 2
+    while [ "$(date +%s)" -lt "$deadline" ] && [ -s "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; do
+        up=1
+        for p in "$@"; do ci_port_open "$p" || { up=""; break; }; done
+        [ -n "$up" ] && return 0
+        sleep 0.5
+    done
+    return 1
+}

@@ -50,7 +50,7 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
             for spec in specs:
                 results.append((spec, engine.publish(spec)))
         finally:
-            engine.finish()  # ledger mirror and privacy statements, once for the batch
+            engine.finish()  # versions (one commit), ledger mirror and statements, once for the batch
         for spec, result in results:
             statement = statement_dir(env) / f"{spec.family}.md" if args.mode == "official" else None
             print_summary(spec, result, statement)
