@@ -6,7 +6,8 @@
       -> lazy Spark plan (schema checked) -> reserve budget (exactly once)
       -> executors: bound per unit, partials per public key -> collect O(keys)
       -> driver: noise (one draw per cell), post-processing, intervals
-      -> Delta MERGE insert-if-absent by release_id -> ledger commit -> audit
+      -> Delta append insert-if-absent by release_id (idempotent write) -> ledger commit
+      -> audit
       -> versions, Delta mirror, statement (now, or at finish() in a batch)
 
 Noisy values stay in driver memory until the Delta write has committed: they are never
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -521,14 +523,23 @@ class Engine:
         owner = reservation.entry.owner_token
         charged = None if reservation.reused else charge
 
-        # 4. executors: bounding and partials; only O(keys) rows come back
+        # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
+        # driver resolves the release table's write keys (metadata only), so the write below
+        # does not wait for it.
         from dp_spark.aggregations import collect_partials
+        from dp_spark.release.writer import prepare_release_write
 
-        with _stage(self.spark, "bounding+aggregation", release_id):
-            partials = collect_partials(
-                partials_df, key_col=spec.group_by.column if spec.group_by else None,
-                public_keys=list(spec.keys), has_sum=spec.value is not None,
-            )
+        warm = threading.Thread(target=prepare_release_write, args=(self.spark, path),
+                                name=f"dp_spark-prepare-{release_id[:12]}", daemon=True)
+        warm.start()
+        try:
+            with _stage(self.spark, "bounding+aggregation", release_id):
+                partials = collect_partials(
+                    partials_df, key_col=spec.group_by.column if spec.group_by else None,
+                    public_keys=list(spec.keys), has_sum=spec.value is not None,
+                )
+        finally:
+            warm.join()
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
             components: dict[str, Any] = {}
@@ -537,17 +548,20 @@ class Engine:
         if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)
             cells, suppressed = self._threshold(spec, cells, components)
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
-        # 6. write (atomic, insert-if-absent), then commit the reservation
-        with _stage(self.spark, "write", release_id):
-            wrote = self._write_once(path, release_id, rows)
         del cells
+        # 6. write (atomic, insert-if-absent by release id), learn whose cells landed, commit
+        with _stage(self.spark, "write", release_id):
+            stored = self._write_once(path, release_id, rows, owner, fresh=not reservation.reused)
         self._commit_if_owner(release_id, owner)
-        if not wrote:
+        if stored is not None:
             del rows  # never written, never shown
-            # a concurrent run (which took the reservation over) wrote first: its output is the
-            # release; ours was never written or shown, and the reservation is charged once
+            # another run (which took the reservation over) wrote first: its cells are the
+            # release; ours were never written or shown, and the reservation is charged once
             self._audit(spec, "cache_hit", release_id, None, "concurrent run won the write")
-            return self._stored(spec, release_id, path, "cache_hit", "a concurrent run published it")
+            st = self.ledger.status(spec.budget_id)
+            return ReleaseResult(release_id=release_id, family=spec.family, status="cache_hit", table_path=path,
+                                 rows=tuple(stored), charge=None, budget_id=spec.budget_id,
+                                 budget_remaining=st.remaining, note="a concurrent run published it")
         status = "degraded" if _degraded_from else "published"
         detail = f"degraded from {_degraded_from}" if _degraded_from else ""
         if spec.min_group_size is not None:
@@ -558,10 +572,10 @@ class Engine:
         # the write committed exactly these rows: return them without reading the table back
         from dp_spark.release.writer import RELEASE_SCHEMA
 
-        stored = tuple(sorted(({f.name: r[f.name] for f in RELEASE_SCHEMA.fields} for r in rows),
-                              key=lambda r: (r["statistic"], r["key"])))
+        mine = tuple(sorted(({f.name: r[f.name] for f in RELEASE_SCHEMA.fields} for r in rows),
+                            key=lambda r: (r["statistic"], r["key"])))
         return ReleaseResult(
-            release_id=release_id, family=spec.family, status=status, table_path=path, rows=stored,
+            release_id=release_id, family=spec.family, status=status, table_path=path, rows=mine,
             charge=charged, budget_id=spec.budget_id, budget_remaining=self.ledger.status(spec.budget_id).remaining,
             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
 
@@ -597,23 +611,37 @@ class Engine:
                                principal=self.principal, ledger=self.ledger,
                                releases_dir=self.access.releases_dir)
 
-    def _write_once(self, path: str, release_id: str, rows) -> bool:
-        """Write the release insert-if-absent; False when another run's write got there first.
+    def _write_once(self, path: str, release_id: str, rows, owner: str, *, fresh: bool):
+        """Write the release insert-if-absent; None when OUR cells are the release, else the
+        stored cells of the run whose write landed first.
 
-        One MERGE: it inserts the cells only when no row of ``release_id`` exists, and its
-        metrics say whether it did, so no separate presence check is needed."""
-        from dp_spark.release.writer import release_present, write_release
+        The write is an idempotent append keyed by the release id: at most one write of a
+        release id lands, and a later one is skipped silently. Whose landed is decided so:
+
+        * fast path, no read: our reservation was *fresh* (we inserted the ledger entry, so no
+          run owned it before us), the append raised nothing, and after it the ledger still
+          names us as owner. Owners only ever change to a new token (a takeover), so nobody
+          else owned the reservation up to that moment, and only an owner writes: no write of
+          this release id preceded ours, so ours landed, and any later one is skipped;
+        * otherwise (we took a reservation over, a concurrent write won, or we lost ownership
+          while writing): read the stored cells back. If they publish our numbers exactly
+          they are ours; if not, another run's draw is the release and ours is discarded.
+        """
+        from dp_spark.release.writer import ConcurrentReleaseWrite, read_release, same_cells, write_release
 
         try:
-            return write_release(self.spark, path, rows) > 0
-        except Exception as exc:
-            # Delta's optimistic concurrency: a concurrent MERGE into the same table conflicts.
-            if "Concurrent" in type(exc).__name__ or "DELTA_CONCURRENT" in str(exc)[:2000]:
-                if release_present(self.spark, path, release_id):
-                    return False
-                # the conflict was another release's write: ours is still absent
-                return write_release(self.spark, path, rows) > 0
-            raise
+            write_release(self.spark, path, rows)
+            raced = False
+        except ConcurrentReleaseWrite:
+            raced = True
+        if fresh and not raced:
+            entry = self.ledger.find(release_id)
+            if entry is not None and entry.owner_token == owner:
+                return None
+        stored = read_release(self.spark, path, release_id)
+        if not stored:  # cannot happen: a write of this id landed (ours or the winner's)
+            raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
+        return None if same_cells(stored, rows) else stored
 
     def _commit_if_owner(self, release_id: str, owner: str) -> bool:
         """Commit the reservation; False when another run owns it now (it took it over)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -205,6 +206,93 @@ def test_two_concurrent_runs_one_output_one_charge(spark, warehouse):
     eng = engine(spark, warehouse)
     assert len(ledger_entries(eng)) == 1
     assert spark.read.format("delta").load(a.table_path).count() == 30
+
+
+def _cells(rows):
+    return sorted((r["statistic"], r["key"], r["value"], r["ci_low"], r["ci_high"]) for r in rows)
+
+
+def _paused_writes(monkeypatch, hook):
+    """Route the engine's release writes through ``hook(real_write, spark, path, rows)``."""
+    import dp_spark.release.writer as writer_mod
+
+    real = writer_mod.write_release
+    monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r: hook(real, s, p, r))
+
+
+def test_takeover_while_the_first_run_lives_its_write_is_skipped(spark, warehouse, monkeypatch):
+    """Run A stalls before its write past its lease; run B takes the reservation over, writes
+    and returns. A's write (another draw of the same release) must not land, and A must return
+    B's cells, never its own."""
+    a_at_write, b_done = threading.Event(), threading.Event()
+
+    def hook(real, s, p, rows):
+        if threading.current_thread().name == "run_a":
+            a_at_write.set()
+            assert b_done.wait(300)
+        return real(s, p, rows)
+
+    _paused_writes(monkeypatch, hook)
+    dau = register(warehouse, "dau_daily")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
+    t.start()
+    assert a_at_write.wait(300)
+    time.sleep(2.5)  # A's 2 s lease expires while it stalls
+    try:
+        out["b"] = engine(spark, warehouse).publish(dau)
+    finally:
+        b_done.set()
+        t.join(300)
+    a, b = out["a"], out["b"]
+    assert b.status == "published" and b.charge is None  # the reservation was taken over
+    assert a.status == "cache_hit" and a.charge is None
+    assert _cells(a.rows) == _cells(b.rows)
+    table = spark.read.format("delta").load(a.table_path)
+    assert table.count() == 30 and _cells(r.asDict() for r in table.collect()) == _cells(b.rows)
+    eng = engine(spark, warehouse)
+    assert [e.state for e in ledger_entries(eng)] == ["committed"]
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
+
+
+def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehouse, monkeypatch):
+    """As above, but A's write lands after B took over and before B writes: B's draw must not
+    land, and B must return A's cells (A's are the release)."""
+    a_at_write, go_a, a_wrote = threading.Event(), threading.Event(), threading.Event()
+
+    def hook(real, s, p, rows):
+        if threading.current_thread().name == "run_a":
+            a_at_write.set()
+            assert go_a.wait(300)
+            try:
+                return real(s, p, rows)
+            finally:
+                a_wrote.set()
+        go_a.set()  # B is about to write: let A's write land first
+        assert a_wrote.wait(300)
+        return real(s, p, rows)
+
+    _paused_writes(monkeypatch, hook)
+    dau = register(warehouse, "dau_daily")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
+    t.start()
+    assert a_at_write.wait(300)
+    time.sleep(2.5)
+    try:
+        out["b"] = engine(spark, warehouse).publish(dau)
+    finally:
+        go_a.set()
+        t.join(300)
+    a, b = out["a"], out["b"]
+    assert a.status == "published" and a.charge == ZCDP("0.25")  # A's fresh reservation
+    assert b.status == "cache_hit" and b.charge is None
+    assert _cells(a.rows) == _cells(b.rows)
+    table = spark.read.format("delta").load(a.table_path)
+    assert table.count() == 30 and _cells(r.asDict() for r in table.collect()) == _cells(a.rows)
+    eng = engine(spark, warehouse)
+    assert [e.state for e in ledger_entries(eng)] == ["committed"]
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
 
 
 def test_missing_column_charges_nothing(spark, warehouse):

@@ -1,0 +1,88 @@
+"""The release writer: idempotent appends by release id, read-back comparison, snapshot pins."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from dp_spark.errors import SchemaError
+from dp_spark.release import writer as W
+
+
+def _rows(release_id: str, value: float, n: int = 3) -> list[dict]:
+    base = {f.name: None for f in W.RELEASE_SCHEMA.fields}
+    base.update(release_id=release_id, release_family="fam", release_name="fam", spec_version="v1",
+                mode="official", key_column="region", confidence=0.95, expected_abs_error=1.0,
+                mechanism="discrete_gaussian", noise_scale=1.0, noise_stddev=1.0, grid=1.0,
+                charge_json="{}", budget_id="b", bounds_json="{}", privacy_unit="user",
+                unit_column="user_id", neighbouring="add_remove_unit", parallel_composition=True,
+                suppressed=False, input_table_id="t", input_version=0, code_version="test",
+                created_at=datetime(2026, 12, 3, 12, 0, 0, 123456))
+    return [dict(base, statistic="count", key=f"k{i}", value=value + i, ci_low=value + i - 2,
+                 ci_high=value + i + 2) for i in range(n)]
+
+
+def test_a_second_write_of_a_release_id_adds_nothing(spark, tmp_path):
+    path = str(tmp_path / "rel")
+    W.ensure_release_table(spark, path)
+    first, second = _rows("r1", 10.0), _rows("r1", 99.0)
+    W.write_release(spark, path, first)
+    W.write_release(spark, path, second)  # another draw of the same release: skipped by Delta
+    stored = W.read_release(spark, path, "r1")
+    assert W.same_cells(stored, first) and not W.same_cells(stored, second)
+    assert spark.read.format("delta").load(path).count() == 3
+    W.write_release(spark, path, _rows("r2", 5.0))  # another release id lands
+    assert spark.read.format("delta").load(path).count() == 6
+    assert W.same_cells(W.read_release(spark, path, "r2"), _rows("r2", 5.0))
+
+
+def test_same_cells_compares_the_published_numbers():
+    a = _rows("r", 1.0)
+    assert W.same_cells(a, list(reversed(a)))
+    b = [dict(r) for r in a]
+    b[1]["ci_high"] += 1e-9
+    assert not W.same_cells(a, b)
+    assert not W.same_cells(a, a[:2])
+
+
+def test_write_refuses_mixed_or_empty_releases(spark, tmp_path):
+    with pytest.raises(ValueError):
+        W.write_release(spark, str(tmp_path / "x"), [])
+    with pytest.raises(ValueError):
+        W.write_release(spark, str(tmp_path / "x"), _rows("a", 1.0) + _rows("b", 1.0))
+
+
+def test_pin_fast_path_agrees_with_sql_and_follows_new_versions(spark, tmp_path):
+    path = str(tmp_path / "input")
+    spark.range(5).write.format("delta").save(path)
+    fast = W._fast_snapshot(spark, path)
+    assert fast is not None, "the classic-session fast path is not available"  # it must not silently rot
+    assert fast == W._sql_snapshot(spark, path) == W.pin_snapshot(spark, path)
+    spark.range(2).write.format("delta").mode("append").save(path)
+    after = W.pin_snapshot(spark, path)
+    assert after.version == fast.version + 1 and after.table_id == fast.table_id
+    assert after == W._sql_snapshot(spark, path)
+    assert after.reader(spark).count() == 7 and fast.reader(spark).count() == 5
+
+
+def test_pin_of_a_non_delta_location_names_it(spark, tmp_path):
+    plain = tmp_path / "parquet"
+    spark.range(3).write.parquet(str(plain))
+    for where in (str(plain), str(tmp_path / "missing")):
+        assert W._fast_snapshot(spark, where) is None
+        with pytest.raises(SchemaError, match="not a readable Delta table|not a Delta table"):
+            W.pin_snapshot(spark, where)
+
+
+def test_prepare_release_write_is_harmless(spark, tmp_path):
+    missing = tmp_path / "nothing"
+    W.prepare_release_write(spark, str(missing))  # no table: a no-op, nothing created
+    assert not (missing / "_delta_log").exists() or not any((missing / "_delta_log").iterdir())
+    path = str(tmp_path / "rel")
+    W.ensure_release_table(spark, path)
+    W.prepare_release_write(spark, path)
+    W.write_release(spark, path, _rows("r", 1.0))
+    W.prepare_release_write(spark, path)
+    W.write_release(spark, path, _rows("r", 2.0))  # still recognised as written
+    assert W.same_cells(W.read_release(spark, path, "r"), _rows("r", 1.0))
