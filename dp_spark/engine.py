@@ -434,12 +434,20 @@ class Engine:
         from dp_spark.governance import after_official_releases
 
         pending, self._pending_versions = self._pending_versions, []
+        # the ledger's mirror and the version records are independent tables: write them at
+        # the same time (the mirror never raises; the SQL ledger is its authority)
+        mirror = None
         if self._pending_mirror:
-            self._refresh_mirror()
             self._pending_mirror = False
-        if pending:
-            after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
-                                    ledger=self.ledger, releases_dir=self.access.releases_dir)
+            mirror = threading.Thread(target=self._refresh_mirror, name="dp_spark-mirror", daemon=True)
+            mirror.start()
+        try:
+            if pending:
+                after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
+                                        ledger=self.ledger, releases_dir=self.access.releases_dir)
+        finally:
+            if mirror is not None:
+                mirror.join()
 
     def _refresh_mirror(self) -> None:
         try:

@@ -10,6 +10,7 @@ Only this module of dp_spark.ledger imports pyspark.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from typing import Any
 
@@ -83,7 +84,7 @@ def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str)
          a.charge_json, a.detail, a.row_hash, now)
         for a in ledger.audit_rows()
     ]
-    for rows, schema, path in ((entries, ENTRY_SCHEMA, ledger_path), (audit, AUDIT_SCHEMA, audit_path)):
+    def overwrite(rows, schema, path) -> None:
         (
             spark.createDataFrame(rows, schema)
             .coalesce(1)
@@ -92,4 +93,22 @@ def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str)
             .option("overwriteSchema", "true")
             .save(path)
         )
+
+    # two independent tables: the audit mirror is written in a second thread meanwhile
+    errors: list[BaseException] = []
+
+    def audit_mirror() -> None:
+        try:
+            overwrite(audit, AUDIT_SCHEMA, audit_path)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=audit_mirror, name="dp_spark-audit-mirror", daemon=True)
+    t.start()
+    try:
+        overwrite(entries, ENTRY_SCHEMA, ledger_path)
+    finally:
+        t.join()
+    if errors:
+        raise errors[0]
     return len(entries), len(audit)
