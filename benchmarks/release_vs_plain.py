@@ -14,14 +14,16 @@ event_id (a layout that flatters (a): its window sorts presorted input).
 (b) dp_spark: ``Engine.publish`` of the AOV-per-region release, in a new engine as a job
     would: bounding (a uniform bottom-K sample per user by a keyed hash priority, L0 = 1
     region per user), clamping, fixed-point partials, noise on the driver, ledger charge,
-    the Delta MERGE write; then, printed beside it,
+    the Delta write (an idempotent append keyed by the release id); then, printed beside it,
 (c) the same plus ``Engine.finish()``: the version record (``_published``), the ledger's Delta
     mirror and the privacy statement, i.e. the whole one-release job.
 
 Each repetition rebuilds its DataFrames from the Delta table (no reuse of shuffle files) and
 (b)/(c) publish a new release (a new spec name, so a new release id and a real charge).
-Prints per size: median seconds of (a), (b), (c), the ratios to (a), the driver's peak RSS;
-then the 20M/2M time ratio. Targets (issue 4): b/a <= 1.3, 20M/2M <= 11, flat driver memory.
+Prints per size: median seconds of (a), (b), (c), the ratios of the medians to (a), the
+median of the per-repetition ratios b_i/a_i (each (b) run right after its (a): less exposed to
+this machine's drifts), the driver's peak RSS; then the 20M/2M time ratio. Targets (issue 4):
+b/a <= 1.3 (ratio of the medians), 20M/2M <= 11, flat driver memory.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def main() -> int:
         results[n] = (a, b)
         print(f"rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
               f"{b:.2f}s  ratio b/a={b / a:.2f}  | (c) publish + finish (versions, mirror, statement) "
-              f"{c:.2f}s ratio c/a={c / a:.2f}  "
+              f"{c:.2f}s ratio c/a={c / a:.2f}  | paired median b_i/a_i="
+              f"{statistics.median(x / y for x, y in zip(tb, ta)):.2f}  "
               f"driver peak RSS {_rss_mb():.0f} MB", flush=True)
     if len(sizes) >= 2:
         small, big = sizes[0], sizes[-1]
