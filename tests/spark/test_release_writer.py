@@ -44,6 +44,9 @@ def test_same_cells_compares_the_published_numbers():
     b[1]["ci_high"] += 1e-9
     assert not W.same_cells(a, b)
     assert not W.same_cells(a, a[:2])
+    c = [dict(r) for r in a]  # a suppressed cell publishes NaN: equal to itself
+    c[0].update(value=float("nan"), ci_low=float("nan"), ci_high=float("nan"))
+    assert W.same_cells(c, [dict(r) for r in c]) and not W.same_cells(a, c)
 
 
 def test_write_refuses_mixed_or_empty_releases(spark, tmp_path):
