@@ -95,8 +95,10 @@ def _sql_ref(location: str) -> str:
 def _jvm_delta_log(spark: SparkSession, path: str):
     """Delta's ``DeltaLog`` of ``path`` through the JVM gateway, or None (Spark Connect, no
     such class, any failure). Internal API: used only for the fast paths of this module."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return None  # a Connect session has no JVM gateway: never touch its classic attributes
     try:
-        jvm = spark._jvm  # classic sessions only; AttributeError on Spark Connect
+        jvm = spark._jvm
         if jvm is None:
             return None
         return jvm, jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
