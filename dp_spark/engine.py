@@ -565,10 +565,11 @@ class Engine:
             del rows  # never written, never shown
             # another run (which took the reservation over) wrote first: its cells are the
             # release; ours were never written or shown, and the reservation is charged once
-            self._audit(spec, "cache_hit", release_id, None, "concurrent run won the write")
+            # (by this run, if it made the reservation: ``charged`` says so, here and in the audit)
+            self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
             st = self.ledger.status(spec.budget_id)
             return ReleaseResult(release_id=release_id, family=spec.family, status="cache_hit", table_path=path,
-                                 rows=tuple(stored), charge=None, budget_id=spec.budget_id,
+                                 rows=tuple(stored), charge=charged, budget_id=spec.budget_id,
                                  budget_remaining=st.remaining, note="a concurrent run published it")
         status = "degraded" if _degraded_from else "published"
         detail = f"degraded from {_degraded_from}" if _degraded_from else ""
