@@ -212,57 +212,64 @@ def _cells(rows):
     return sorted((r["statistic"], r["key"], r["value"], r["ci_low"], r["ci_high"]) for r in rows)
 
 
-def _paused_writes(monkeypatch, hook):
-    """Route the engine's release writes through ``hook(real_write, spark, path, rows)``."""
+def _takeover(spark, warehouse, monkeypatch, hook, release_a):
+    """Run A (thread ``run_a``) reaches its write, where ``hook(real_write, spark, path, rows)``
+    stalls it; once it stalls, A's 2 s lease runs out and run B publishes the same release
+    (taking the reservation over); then ``release_a`` lets A go on. Returns (A's result, B's)
+    after checking what both orders must give: one set of cells in the table, both results
+    showing exactly those, one committed entry and one charge, made once."""
     import dp_spark.release.writer as writer_mod
 
     real = writer_mod.write_release
     monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r: hook(real, s, p, r))
+    dau = register(warehouse, "dau_daily")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
+    t.start()
+    assert hook.a_at_write.wait(300)
+    time.sleep(2.5)  # A's 2 s lease expires while it stalls
+    try:
+        out["b"] = engine(spark, warehouse).publish(dau)
+    finally:
+        release_a.set()
+        t.join(300)
+    a, b = out["a"], out["b"]
+    assert _cells(a.rows) == _cells(b.rows)
+    table = spark.read.format("delta").load(a.table_path)
+    assert table.count() == 30 and _cells(r.asDict() for r in table.collect()) == _cells(a.rows)
+    eng = engine(spark, warehouse)
+    assert [e.state for e in ledger_entries(eng)] == ["committed"]
+    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
+    assert [r.charge for r in (a, b) if r.charge is not None] == [ZCDP("0.25")]  # A's reservation
+    return a, b
 
 
 def test_takeover_while_the_first_run_lives_its_write_is_skipped(spark, warehouse, monkeypatch):
     """Run A stalls before its write past its lease; run B takes the reservation over, writes
     and returns. A's write (another draw of the same release) must not land, and A must return
     B's cells, never its own."""
-    a_at_write, b_done = threading.Event(), threading.Event()
+    b_done = threading.Event()
 
     def hook(real, s, p, rows):
         if threading.current_thread().name == "run_a":
-            a_at_write.set()
+            hook.a_at_write.set()
             assert b_done.wait(300)
         return real(s, p, rows)
 
-    _paused_writes(monkeypatch, hook)
-    dau = register(warehouse, "dau_daily")
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
-    t.start()
-    assert a_at_write.wait(300)
-    time.sleep(2.5)  # A's 2 s lease expires while it stalls
-    try:
-        out["b"] = engine(spark, warehouse).publish(dau)
-    finally:
-        b_done.set()
-        t.join(300)
-    a, b = out["a"], out["b"]
+    hook.a_at_write = threading.Event()
+    a, b = _takeover(spark, warehouse, monkeypatch, hook, b_done)
     assert b.status == "published" and b.charge is None  # the reservation was taken over
-    assert a.status == "cache_hit" and a.charge == ZCDP("0.25")  # A made the one charge
-    assert _cells(a.rows) == _cells(b.rows)
-    table = spark.read.format("delta").load(a.table_path)
-    assert table.count() == 30 and _cells(r.asDict() for r in table.collect()) == _cells(b.rows)
-    eng = engine(spark, warehouse)
-    assert [e.state for e in ledger_entries(eng)] == ["committed"]
-    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
+    assert a.status == "cache_hit"
 
 
 def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehouse, monkeypatch):
     """As above, but A's write lands after B took over and before B writes: B's draw must not
     land, and B must return A's cells (A's are the release)."""
-    a_at_write, go_a, a_wrote = threading.Event(), threading.Event(), threading.Event()
+    go_a, a_wrote = threading.Event(), threading.Event()
 
     def hook(real, s, p, rows):
         if threading.current_thread().name == "run_a":
-            a_at_write.set()
+            hook.a_at_write.set()
             assert go_a.wait(300)
             try:
                 return real(s, p, rows)
@@ -272,27 +279,10 @@ def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehou
         assert a_wrote.wait(300)
         return real(s, p, rows)
 
-    _paused_writes(monkeypatch, hook)
-    dau = register(warehouse, "dau_daily")
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
-    t.start()
-    assert a_at_write.wait(300)
-    time.sleep(2.5)
-    try:
-        out["b"] = engine(spark, warehouse).publish(dau)
-    finally:
-        go_a.set()
-        t.join(300)
-    a, b = out["a"], out["b"]
+    hook.a_at_write = threading.Event()
+    a, b = _takeover(spark, warehouse, monkeypatch, hook, go_a)
     assert a.status == "published" and a.charge == ZCDP("0.25")  # A's fresh reservation
     assert b.status == "cache_hit" and b.charge is None
-    assert _cells(a.rows) == _cells(b.rows)
-    table = spark.read.format("delta").load(a.table_path)
-    assert table.count() == 30 and _cells(r.asDict() for r in table.collect()) == _cells(a.rows)
-    eng = engine(spark, warehouse)
-    assert [e.state for e in ledger_entries(eng)] == ["committed"]
-    assert eng.ledger.status("demo_events_user").spent == ZCDP("0.25")
 
 
 def test_missing_column_charges_nothing(spark, warehouse):
