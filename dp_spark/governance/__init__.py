@@ -21,6 +21,7 @@ The submodules ``access``, ``thresholds``, ``statement`` and ``retention`` impor
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -86,14 +87,15 @@ def statement_dir(env: Any) -> Path:
     return Path(env.warehouse) / "statements"
 
 
-def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: str | Path) -> Path:
+def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: str | Path,
+                       summaries: Optional[list[dict[str, Any]]] = None) -> Path:
     """Rebuild and write the family's privacy statement; returns the .md path."""
     from dp_spark.governance.versions import published_path_for
 
     _, _, md = build_and_write_statement(
         spark, family=family, ledger=ledger, releases_dir=releases_dir,
         releases_path=f"{env.output_root}/{family}", published_path=published_path_for(env.output_root),
-        out_dir=statement_dir(env))
+        out_dir=statement_dir(env), summaries=summaries)
     return md
 
 
@@ -117,12 +119,31 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
                             releases_dir: str | Path) -> dict[str, Path]:
     """:func:`after_official_release` for a batch: every (family, release id), in publication
     order, versioned in ONE commit, then one statement per family. Returns family -> .md path."""
+    from dp_spark.governance.statement import load_release_summaries
     from dp_spark.governance.versions import published_path_for, record_publications
 
     pub = published_path_for(env.output_root)
-    record_publications(spark, pub, releases, principal)
-    return {family: _refresh_statement(spark, env, family, ledger, releases_dir)
-            for family in sorted({f for f, _ in releases})}
+    families = sorted({f for f, _ in releases})
+    # the statements' release summaries depend on the release tables only (written before
+    # this call): read them while the version records are written; on any failure there,
+    # the statement reads them itself
+    summaries: dict[str, list[dict[str, Any]]] = {}
+
+    def read_summaries() -> None:
+        try:
+            for f in families:
+                summaries[f] = load_release_summaries(spark, family=f, releases_path=f"{env.output_root}/{f}")
+        except Exception:
+            pass
+
+    reader = threading.Thread(target=read_summaries, name="dp_spark-statement-inputs", daemon=True)
+    reader.start()
+    try:
+        record_publications(spark, pub, releases, principal)
+    finally:
+        reader.join()
+    return {family: _refresh_statement(spark, env, family, ledger, releases_dir, summaries.get(family))
+            for family in families}
 
 
 def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str, ledger: Any,

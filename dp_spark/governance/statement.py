@@ -48,6 +48,7 @@ __all__ = [
     "summarise_release_rows",
     "specs_for_family",
     "load_statement_inputs",
+    "load_release_summaries",
     "build_and_write_statement",
     "StatementInconsistentError",
 ]
@@ -639,9 +640,18 @@ def load_statement_inputs(spark, *, family: str, releases_path: str,
                           published_path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(release summaries, version rows) read with Spark; the release table is aggregated
     per release id on the executors (one row per release comes back)."""
+    from dp_spark.governance.versions import history
+
+    return load_release_summaries(spark, family=family, releases_path=releases_path), \
+        history(spark, published_path, family)
+
+
+def load_release_summaries(spark, *, family: str, releases_path: str) -> list[dict[str, Any]]:
+    """The release summaries of a statement (one per official release of ``family``): they
+    depend on the release table only, not on the version records."""
     from pyspark.sql import functions as F
 
-    from dp_spark.governance.versions import _exists, history
+    from dp_spark.governance.versions import _exists
 
     summaries: list[dict[str, Any]] = []
     if _exists(spark, releases_path):
@@ -660,16 +670,23 @@ def load_statement_inputs(spark, *, family: str, releases_path: str,
             F.sort_array(F.collect_set(F.when(F.col("suppressed"), F.col("key")))).alias("suppressed_keys"),
         )
         summaries = [r.asDict() for r in agg.collect()]
-    return summarise_release_rows(summaries), history(spark, published_path, family)
+    return summarise_release_rows(summaries)
 
 
 def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: str | os.PathLike,
                               releases_path: str, published_path: str, out_dir: str | os.PathLike,
-                              force: bool = False, now: Optional[datetime] = None) -> tuple[dict[str, Any], Path, Path]:
-    """Read the specs, tables and ledger, build the statement, write it. Returns (dict, json, md)."""
+                              force: bool = False, now: Optional[datetime] = None,
+                              summaries: Optional[list[dict[str, Any]]] = None) -> tuple[dict[str, Any], Path, Path]:
+    """Read the specs, tables and ledger, build the statement, write it. Returns (dict, json, md).
+
+    ``summaries``: the family's :func:`load_release_summaries`, when the caller read them
+    already (after the family's last release write); read here otherwise."""
+    from dp_spark.governance.versions import history
+
     specs = specs_for_family(releases_dir, family)
-    rels, pub = load_statement_inputs(spark, family=family, releases_path=releases_path,
-                                      published_path=published_path)
+    if summaries is None:
+        summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
+    rels, pub = summaries, history(spark, published_path, family)
     d = privacy_statement(family, specs, ledger, rels, pub, now=now)
     j, m = write_statement(out_dir, d, force=force)
     return d, j, m
