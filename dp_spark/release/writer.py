@@ -1,9 +1,10 @@
 """Delta release tables: schema, atomic insert-if-absent by release id, reads, snapshots.
 
 One Delta table per release family under the env's output root. A release is written by one
-Delta *idempotent append* (one commit) keyed by its release id (``txnAppId`` = release id,
-``txnVersion`` = 1): Delta records the key in the commit, skips any later append carrying
-it and fails a concurrent one (``ConcurrentTransactionException``), so at most one write of
+Delta *idempotent append* (one commit) keyed by its release id (``txnAppId`` =
+``dp_spark_release:<release id>``, ``txnVersion`` = 1): Delta records the key in the commit,
+skips any later append carrying it and fails a concurrent one (``DELTA_CONCURRENT_TRANSACTION``,
+``ConcurrentTransactionException``), so at most one write of
 a release id ever lands and a rerun, a retry or a second writer adds nothing. Which writer's
 cells landed is decided by the engine from the ledger (see ``Engine.publish``) or, on the
 rare paths where the ledger cannot tell, by reading the cells back (:func:`same_cells`).
