@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import secrets
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from dp_spark import __version__
 from dp_spark.accountant import Accountant
+from dp_spark.background import alongside
 from dp_spark.budget import Budget, PureDP, ZCDP
 from dp_spark.config import EnvConfig, ReleaseSpec, bounds_to_json, load_release_spec
 from dp_spark.errors import (
@@ -324,7 +324,9 @@ def read_or_create_salt(path: Path) -> str:
 def _stage(spark, name: str, release_id: str) -> Iterator[None]:
     """A log line per stage (never data values) and the Spark job description / tag."""
     log.info("release %s: stage %s", release_id[:12], name)
-    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    from dp_spark.spark import is_connect_session
+
+    connect = is_connect_session(spark)
     tag = f"dp_spark-{name.replace('+', '-')}-{release_id[:12]}"
     try:
         if connect:
@@ -436,18 +438,12 @@ class Engine:
         pending, self._pending_versions = self._pending_versions, []
         # the ledger's mirror and the version records are independent tables: write them at
         # the same time (the mirror never raises; the SQL ledger is its authority)
-        mirror = None
-        if self._pending_mirror:
-            self._pending_mirror = False
-            mirror = threading.Thread(target=self._refresh_mirror, name="dp_spark-mirror", daemon=True)
-            mirror.start()
-        try:
+        refresh_mirror = self._refresh_mirror if self._pending_mirror else (lambda: None)
+        self._pending_mirror = False
+        with alongside(refresh_mirror, name="dp_spark-mirror"):
             if pending:
                 after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
                                         ledger=self.ledger, releases_dir=self.access.releases_dir)
-        finally:
-            if mirror is not None:
-                mirror.join()
 
     def _refresh_mirror(self) -> None:
         try:
@@ -458,14 +454,16 @@ class Engine:
         except Exception as exc:  # the SQL ledger is the authority; the mirror can be refreshed later
             log.warning("ledger mirror refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
 
+    def _result(self, spec, release_id, path, status, rows, *, charge=None, note="") -> ReleaseResult:
+        return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,
+                             rows=tuple(rows), charge=charge, budget_id=spec.budget_id,
+                             budget_remaining=self.ledger.status(spec.budget_id).remaining, note=note)
+
     def _stored(self, spec, release_id, path, status, note="") -> ReleaseResult:
+        """The result of a release already in the table (read back), nothing charged by this call."""
         from dp_spark.release.writer import read_release
 
-        rows = tuple(read_release(self.spark, path, release_id))
-        st = self.ledger.status(spec.budget_id)
-        return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,
-                             rows=rows, charge=None, budget_id=spec.budget_id, budget_remaining=st.remaining,
-                             note=note)
+        return self._result(spec, release_id, path, status, read_release(self.spark, path, release_id), note=note)
 
     # -- the protocol ---------------------------------------------------------------------
     def publish(self, spec: ReleaseSpec, *, snapshot=None, _degraded_from: Optional[str] = None) -> ReleaseResult:
@@ -537,17 +535,12 @@ class Engine:
         from dp_spark.aggregations import collect_partials
         from dp_spark.release.writer import prepare_release_write
 
-        warm = threading.Thread(target=prepare_release_write, args=(self.spark, path),
-                                name=f"dp_spark-prepare-{release_id[:12]}", daemon=True)
-        warm.start()
-        try:
-            with _stage(self.spark, "bounding+aggregation", release_id):
-                partials = collect_partials(
-                    partials_df, key_col=spec.group_by.column if spec.group_by else None,
-                    public_keys=list(spec.keys), has_sum=spec.value is not None,
-                )
-        finally:
-            warm.join()
+        with alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}"), \
+                _stage(self.spark, "bounding+aggregation", release_id):
+            partials = collect_partials(
+                partials_df, key_col=spec.group_by.column if spec.group_by else None,
+                public_keys=list(spec.keys), has_sum=spec.value is not None,
+            )
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
             components: dict[str, Any] = {}
@@ -567,10 +560,8 @@ class Engine:
             # release; ours were never written or shown, and the reservation is charged once
             # (by this run, if it made the reservation: ``charged`` says so, here and in the audit)
             self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
-            st = self.ledger.status(spec.budget_id)
-            return ReleaseResult(release_id=release_id, family=spec.family, status="cache_hit", table_path=path,
-                                 rows=tuple(stored), charge=charged, budget_id=spec.budget_id,
-                                 budget_remaining=st.remaining, note="a concurrent run published it")
+            return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
+                                note="a concurrent run published it")
         status = "degraded" if _degraded_from else "published"
         detail = f"degraded from {_degraded_from}" if _degraded_from else ""
         if spec.min_group_size is not None:
@@ -581,12 +572,10 @@ class Engine:
         # the write committed exactly these rows: return them without reading the table back
         from dp_spark.release.writer import RELEASE_SCHEMA
 
-        mine = tuple(sorted(({f.name: r[f.name] for f in RELEASE_SCHEMA.fields} for r in rows),
-                            key=lambda r: (r["statistic"], r["key"])))
-        return ReleaseResult(
-            release_id=release_id, family=spec.family, status=status, table_path=path, rows=mine,
-            charge=charged, budget_id=spec.budget_id, budget_remaining=self.ledger.status(spec.budget_id).remaining,
-            note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
+        mine = sorted(({f.name: r[f.name] for f in RELEASE_SCHEMA.fields} for r in rows),
+                      key=lambda r: (r["statistic"], r["key"]))
+        return self._result(spec, release_id, path, status, mine, charge=charged,
+                            note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
 
     def _threshold(self, spec: ReleaseSpec, cells, components):
         from dp_spark.governance.thresholds import apply_min_group_size, count_statistic_for
@@ -652,18 +641,16 @@ class Engine:
             raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
         return None if same_cells(stored, rows) else stored
 
-    def _commit_if_owner(self, release_id: str, owner: str) -> bool:
-        """Commit the reservation; False when another run owns it now (it took it over)."""
+    def _commit_if_owner(self, release_id: str, owner: str) -> None:
+        """Commit the reservation, unless another run owns it now (it took it over)."""
         try:
             self.ledger.commit(release_id, owner)
-            return True
         except ReleaseConflictError:
             entry = self.ledger.find(release_id)
             if entry is None or entry.state != "committed":
                 # the release is written (found by id); whoever owns the reservation now
                 # commits it, and any later run heals it by finding the release
                 log.info("release %s: written; the reservation is owned by another run", release_id[:12])
-            return False
 
     def _reserve(self, spec, release_id, charge, event_json, owner):
         deadline = time.monotonic() + self.env.lease_seconds + 10

@@ -34,6 +34,7 @@ __all__ = [
     "JARS_DIR_ENV",
     "delta_jar_paths",
     "get_or_create_session",
+    "is_connect_session",
     "jars_dir",
 ]
 
@@ -114,6 +115,11 @@ def _existing_session() -> SparkSession | None:
         # A SparkContext without a session: wrap it, do not reconfigure it.
         return SparkSession.builder.getOrCreate()
     return None
+
+
+def is_connect_session(spark) -> bool:
+    """True for a Spark Connect session (no JVM gateway, no SparkContext in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def get_or_create_session(

@@ -21,7 +21,6 @@ The submodules ``access``, ``thresholds``, ``statement`` and ``retention`` impor
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -119,6 +118,7 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
                             releases_dir: str | Path) -> dict[str, Path]:
     """:func:`after_official_release` for a batch: every (family, release id), in publication
     order, versioned in ONE commit, then one statement per family. Returns family -> .md path."""
+    from dp_spark.background import alongside
     from dp_spark.governance.statement import load_release_summaries
     from dp_spark.governance.versions import published_path_for, record_publications
 
@@ -136,12 +136,8 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
         except Exception:
             pass
 
-    reader = threading.Thread(target=read_summaries, name="dp_spark-statement-inputs", daemon=True)
-    reader.start()
-    try:
+    with alongside(read_summaries, name="dp_spark-statement-inputs"):
         record_publications(spark, pub, releases, principal)
-    finally:
-        reader.join()
     return {family: _refresh_statement(spark, env, family, ledger, releases_dir, summaries.get(family))
             for family in families}
 

@@ -47,7 +47,6 @@ __all__ = [
     "write_statement",
     "summarise_release_rows",
     "specs_for_family",
-    "load_statement_inputs",
     "load_release_summaries",
     "build_and_write_statement",
     "StatementInconsistentError",
@@ -634,16 +633,6 @@ def specs_for_family(releases_dir: str | os.PathLike, family: str) -> list[Any]:
         if s.family == family:
             out.append(s)
     return out
-
-
-def load_statement_inputs(spark, *, family: str, releases_path: str,
-                          published_path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(release summaries, version rows) read with Spark; the release table is aggregated
-    per release id on the executors (one row per release comes back)."""
-    from dp_spark.governance.versions import history
-
-    return load_release_summaries(spark, family=family, releases_path=releases_path), \
-        history(spark, published_path, family)
 
 
 def load_release_summaries(spark, *, family: str, releases_path: str) -> list[dict[str, Any]]:

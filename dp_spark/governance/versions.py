@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import ConfigError, DpSparkError, ReleaseConflictError
+from dp_spark.release.writer import _delta_schema
 
 __all__ = [
     "PUBLISHED_SCHEMA",
@@ -102,16 +103,8 @@ def _ref(path: str) -> str:
     return "delta.`" + path.replace("`", "``") + "`"
 
 
-def _schema(spark: SparkSession, path: str) -> Optional[T.StructType]:
-    """The table's schema from its (cached) Delta log, or None when there is no table."""
-    try:
-        return spark.read.format("delta").load(path).schema
-    except Exception:
-        return None
-
-
 def _exists(spark: SparkSession, path: str) -> bool:
-    return _schema(spark, path) is not None
+    return _delta_schema(spark, path) is not None
 
 
 def _now(clock: Optional[Callable[[], datetime]]) -> datetime:
@@ -129,7 +122,7 @@ def _text(value: Any, name: str, limit: int = 256) -> str:
 
 def ensure_published_table(spark: SparkSession, path: str) -> None:
     """Create the versions table (Serializable isolation) if absent; check its schema."""
-    schema = _schema(spark, path)
+    schema = _delta_schema(spark, path)
     if schema is not None:
         have = {(f.name, f.dataType.simpleString()) for f in schema.fields}
         want = {(f.name, f.dataType.simpleString()) for f in PUBLISHED_SCHEMA.fields}
@@ -266,8 +259,8 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
             after = _rows(spark, path, families)
             for f in families:
                 _check_invariant([r for r in after if r["family"] == f], f)
-            mine = {(r["family"], r["release_id"]): (int(r["version_no"]), r["state"]) for r in after}
-            if any(mine.get(i, (None, None))[0] != no for i, no in inserts.items()):
+            mine = {(r["family"], r["release_id"]): int(r["version_no"]) for r in after}
+            if any(mine.get(i) != no for i, no in inserts.items()):
                 raise _Conflict("version numbers taken concurrently")
         # Serializable isolation: a concurrent change of these families fails this commit
         return [known[i] if i in known else inserts[i] for i in items]

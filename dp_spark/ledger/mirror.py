@@ -10,12 +10,12 @@ Only this module of dp_spark.ledger imports pyspark.
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timezone
 from typing import Any
 
 from pyspark.sql import types as T
 
+from dp_spark.background import alongside
 from dp_spark.ledger.base import Ledger, charge_text
 
 __all__ = ["ENTRY_SCHEMA", "AUDIT_SCHEMA", "mirror_to_delta"]
@@ -84,6 +84,7 @@ def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str)
          a.charge_json, a.detail, a.row_hash, now)
         for a in ledger.audit_rows()
     ]
+
     def overwrite(rows, schema, path) -> None:
         (
             spark.createDataFrame(rows, schema)
@@ -95,20 +96,6 @@ def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str)
         )
 
     # two independent tables: the audit mirror is written in a second thread meanwhile
-    errors: list[BaseException] = []
-
-    def audit_mirror() -> None:
-        try:
-            overwrite(audit, AUDIT_SCHEMA, audit_path)
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            errors.append(exc)
-
-    t = threading.Thread(target=audit_mirror, name="dp_spark-audit-mirror", daemon=True)
-    t.start()
-    try:
+    with alongside(overwrite, audit, AUDIT_SCHEMA, audit_path, name="dp_spark-audit-mirror"):
         overwrite(entries, ENTRY_SCHEMA, ledger_path)
-    finally:
-        t.join()
-    if errors:
-        raise errors[0]
     return len(entries), len(audit)

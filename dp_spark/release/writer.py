@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import OutputSchemaError, SchemaError
+from dp_spark.spark import is_connect_session
 
 RELEASE_SCHEMA = T.StructType(
     [
@@ -93,26 +94,17 @@ def _sql_ref(location: str) -> str:
     return location
 
 
-def _jvm_delta_log(spark: SparkSession, path: str):
-    """Delta's ``DeltaLog`` of ``path`` through the JVM gateway, or None (Spark Connect, no
-    such class, any failure). Internal API: used only for the fast paths of this module."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+def _jvm_snapshot(spark: SparkSession, path: str):
+    """The latest snapshot of Delta's ``DeltaLog`` of ``path``, reached through the JVM
+    gateway, or None (Spark Connect, no such class, any failure). Internal Delta API: used
+    only for the fast paths of this module."""
+    if is_connect_session(spark):
         return None  # a Connect session has no JVM gateway: never touch its classic attributes
     try:
         jvm = spark._jvm
         if jvm is None:
             return None
-        return jvm, jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    except Exception:
-        return None
-
-
-def _jvm_snapshot(spark: SparkSession, path: str):
-    got = _jvm_delta_log(spark, path)
-    if got is None:
-        return None
-    jvm, log = got
-    try:
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
         empty = jvm.scala.Option.empty()
         return log.update(False, empty, empty)  # the latest version, not a cached one
     except Exception:
