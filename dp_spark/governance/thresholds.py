@@ -14,6 +14,10 @@ Strategies (per spec, see :class:`MinGroupSize`):
 * ``suppress``    -- every cell of a key whose noisy count is below the threshold keeps its
   row, with ``value``, ``ci_low``, ``ci_high`` set to NaN and ``suppressed = True``. The
   release table thus records *which* keys were suppressed (its metadata), not their values.
+  A mean cell's ``noise_stddev`` and ``expected_abs_error`` are set to NaN too: they are
+  computed from its noisy count (sum sd / noisy count) and noisy mean, so they would reveal
+  the withheld count (:data:`DATA_DEPENDENT_FIELDS`). What stays is public: the mechanism,
+  the noise scale, the grid.
 * ``merge_other`` -- the same suppression, plus one extra key (``other_key``, default
   ``__other__``) whose cells combine the suppressed keys:
 
@@ -151,9 +155,18 @@ def _union_halfwidth(cells: Sequence[Mapping[str, Any]], alpha: float) -> float:
     return float(sum(noise_halfwidth(c["mechanism"], _scale_grid(c), alpha / m) * float(c["grid"]) for c in cells))
 
 
+# Accuracy fields that are functions of the noisy values, per statistic. A mean's
+# noise_stddev is the sum's noise sd over the floored noisy count, and its expected error
+# depends on the noisy count and mean: published for a suppressed cell they would give the
+# withheld count away (sd_sum / noise_stddev = the noisy count). A count's or a sum's are
+# public noise parameters (the same for every cell of the release) and stay.
+DATA_DEPENDENT_FIELDS = {"mean": ("noise_stddev", "expected_abs_error")}
+
+
 def _suppressed(cell: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(cell)
     out.update(value=_NAN, ci_low=_NAN, ci_high=_NAN, suppressed=True)
+    out.update({f: _NAN for f in DATA_DEPENDENT_FIELDS.get(cell.get("statistic"), ()) if f in out})
     return out
 
 

@@ -257,3 +257,54 @@ def test_the_check_catches_a_threshold_with_too_little_noise(seeded):
     weak = _noisy_threshold(_plan_scale() / 2, seeded)
     s1, s2 = weak(THRESHOLD - 1), weak(THRESHOLD)
     assert _violates(s1, s2, N, float(EPS)) or _violates(N - s1, N - s2, N, float(EPS))
+
+
+# --------------------------------------------------------------------------------------
+# a suppressed mean publishes nothing that depends on its withheld noisy count
+# --------------------------------------------------------------------------------------
+def _engine_mean_cells(rows, seed, strategy):
+    """The engine's own cells of a mean release (seeded), thresholded as the engine does."""
+    from dp_spark.config import release_spec_from_dict
+    from dp_spark.engine import noise_cells, plan_release
+    from dp_spark.mechanisms.samplers import SeededNoiseSource
+
+    spec = release_spec_from_dict({
+        "name": "t_mean", "dataset": "demo_events", "privacy_unit": {"kind": "user", "column": "user_id"},
+        "metric": "mean", "group_by": {"column": "region", "public_keys": {"values": ["a", "b", "c"]}},
+        "bounds": {"max_rows_per_unit": 1, "max_partitions_per_unit": 1},
+        "value": {"column": "order_value", "lower": 0, "upper": 100},
+        "mean": {"assumed_group_size": 50, "min_count": 1},
+        "budget": {"id": "b", "measure": "pure_dp", "epsilon": 4},
+    })
+    partials = {k: {"rows": n, "sum_fixed": n * 40 * 2 ** 20} for k, n in zip(spec.keys, rows)}
+    components: dict = {}
+    cells = noise_cells(plan_release(spec), partials, SeededNoiseSource(seed), components)
+    extra = {"normalised_sum": components["normalised_sum"], "lower": 0, "upper": 100, "min_count": 1}
+    out, _ = apply_min_group_size(cells, threshold=30, strategy=strategy, count_statistic="count",
+                                  confidence=0.95, extra=extra)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["suppress", "merge_other"])
+def test_suppressed_mean_cell_does_not_reveal_its_noisy_count(seeded, strategy):
+    # two small groups of different sizes, one large one; threshold 30
+    out = _engine_mean_cells([12, 7, 400], seed=11, strategy=strategy)
+    hidden = [c for c in out if c["suppressed"]]
+    assert {c["key"] for c in hidden} >= {"a", "b"}
+    for c in hidden:
+        for f in ("value", "ci_low", "ci_high", "noise_stddev", "expected_abs_error"):
+            if c["statistic"] == "mean" or f in ("value", "ci_low", "ci_high"):
+                assert math.isnan(c[f]), (c["key"], c["statistic"], f)
+        assert math.isfinite(c["noise_scale"]) or c["key"] == OTHER_KEY
+    # the published fields of the suppressed cells are the same whatever the withheld counts
+    other = _engine_mean_cells([25, 3, 400], seed=12, strategy=strategy)
+
+    def published(cells, key):
+        return [{f: ("nan" if isinstance(v, float) and math.isnan(v) else v) for f, v in c.items()}
+                for c in cells if c["key"] == key]
+
+    for key in ("a", "b"):
+        assert published(out, key) == published(other, key)
+    # the unsuppressed large group keeps its (data-dependent) accuracy figures
+    big = next(c for c in out if c["key"] == "c" and c["statistic"] == "mean")
+    assert not big["suppressed"] and big["noise_stddev"] > 0 and big["expected_abs_error"] > 0
