@@ -7,7 +7,10 @@
 #   trap pg_stop EXIT   # stops it and removes the dir (safe to call twice, or if never started)
 #
 # As root the cluster is owned by the `postgres` OS user (initdb refuses to run as root);
-# otherwise by the current user. Trust authentication, loopback only, fsync off: test data.
+# otherwise by the current user. Trust authentication, loopback only. fsync stays on (the
+# ledger refuses a server with fsync=off) and full_page_writes stays on (torn pages otherwise);
+# synchronous_commit=off is the server default on purpose: the ledger must (and does) require
+# a synchronous commit in each of its own write transactions, so every ledger test checks that.
 # Sourced by .ci/test.sh and usable by hand (`source .ci/postgres.sh && pg_start`).
 
 # shellcheck source=.ci/lib.sh
@@ -78,8 +81,8 @@ pg_start() {
     for attempt in 1 2 3 4 5; do
         port="$(ci_free_port)"
         if _pg_as_owner "$bindir/pg_ctl" -D "$_PG_DIR/data" -l "$_PG_DIR/server.log" -w -t 60 \
-                -o "-c listen_addresses=127.0.0.1 -p $port -k $_PG_DIR/sock -c fsync=off \
--c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB" \
+                -o "-c listen_addresses=127.0.0.1 -p $port -k $_PG_DIR/sock -c fsync=on \
+-c synchronous_commit=off -c max_connections=200 -c shared_buffers=32MB" \
                 start >/dev/null 2>&1; then
             break
         fi

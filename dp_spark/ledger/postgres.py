@@ -7,6 +7,14 @@ committed before the lock was granted, so check-then-append is a compare-and-set
 failures, deadlocks and unique violations are retried. A connection that breaks is
 reopened on the next call.
 
+Durability: a reservation or commit is acknowledged only once its WAL is flushed to disk. Each
+write transaction raises ``synchronous_commit`` to ``on`` for itself (``SET LOCAL``; a
+stronger ``remote_apply`` is kept), whatever the server, role or URL default is; with
+``off`` a COMMIT returns before its WAL is written and a server crash drops acknowledged
+charges without a trace (the chain is still consistent, so verify cannot see it). A server
+running with ``fsync = off`` cannot keep anything across an OS crash, so every connection
+checks it and the ledger refuses to open (``LedgerError`` naming the setting).
+
 The schema is whatever ``search_path`` selects: tests give each test its own schema with
 ``?options=-csearch_path%3D<schema>`` in the URL. The HMAC key must come from ``key=``,
 ``$DP_SPARK_LEDGER_KEY`` or ``$DP_SPARK_LEDGER_KEY_FILE``. Errors never show the password.
@@ -22,12 +30,19 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import errors as pgerr
 
-from dp_spark.errors import LedgerUnavailableError
+from dp_spark.errors import LedgerError, LedgerUnavailableError
 from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
 
 __all__ = ["PostgresLedger", "redact_url"]
 
 _SCHEMA_LOCK_ID = 7_360_411_203  # pg_advisory_xact_lock key for schema creation
+
+# Run first in every write transaction: at least `on` (the COMMIT waits for the WAL flush, and
+# for synchronous standbys if any are configured); `remote_apply`, stronger, is left alone.
+_DURABLE_COMMIT = (
+    "SELECT set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') "
+    "IN ('on', 'remote_apply') THEN current_setting('synchronous_commit') ELSE 'on' END, true)"
+)
 
 
 def redact_url(url: str) -> str:
@@ -93,6 +108,21 @@ class PostgresLedger(SqlLedger):
             raise LedgerUnavailableError(
                 f"{self.description} is unreachable: {self._reason(exc)}; nothing was recorded"
             ) from None
+        try:
+            fsync = self._conn.execute("SELECT current_setting('fsync')").fetchone()[0]
+        except psycopg.Error as exc:
+            self._close_connection()
+            raise LedgerUnavailableError(
+                f"{self.description} is unavailable: {self._reason(exc)}; nothing was recorded"
+            ) from None
+        if fsync != "on":
+            self._close_connection()
+            raise LedgerError(
+                f"{self.description} runs with fsync = {fsync}: the server does not flush its "
+                f"write-ahead log, so an acknowledged charge can be lost in a crash. Set "
+                f"fsync = on in postgresql.conf (and reload) before using it as a budget ledger; "
+                f"nothing was recorded"
+            )
         return self._conn
 
     # -- hooks -----------------------------------------------------------------------
@@ -103,7 +133,9 @@ class PostgresLedger(SqlLedger):
             conn = self._connect()
         with conn.transaction():
             cur = conn.cursor()
-            if not write:
+            if write:
+                cur.execute(_DURABLE_COMMIT)
+            else:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield _Cursor(cur.execute, "format")
 
