@@ -307,17 +307,10 @@ def _expected_abs(p: StatisticPlan) -> float:
 # Publishing
 # --------------------------------------------------------------------------------------
 def read_or_create_salt(path: Path) -> str:
-    path = Path(path)
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    salt = secrets.token_hex(32)
-    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, salt.encode())
-    finally:
-        os.close(fd)
-    return salt
+    """The bounding salt at ``path``, created atomically (0600) on first use: see dp_spark.salt."""
+    from dp_spark.salt import read_or_create_salt as _read_or_create_salt
+
+    return _read_or_create_salt(path)
 
 
 @contextmanager
