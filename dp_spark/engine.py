@@ -266,28 +266,19 @@ def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: 
                 components.setdefault("normalised_sum", {})[keys[i]] = float(nsum)
             ncount = Fraction(noisy["count"][i])
             mid = (spec.value.lower + spec.value.upper) / 2
-            m = mean_from_noisy(nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count)
-            # calibrated first-order interval for large counts; the conservative union bound
-            # (valid at every group size) otherwise
-            interval = mean_interval_large_count(
-                nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count,
-                sum_halfwidth=ps.halfwidth_grid(alpha) * unit, count_halfwidth=Fraction(pc.halfwidth_grid(alpha)),
-            )
-            if interval is None:
-                interval = mean_interval(
-                    nsum, ncount, ps.stddev_grid * float(unit), pc.stddev_grid, mid,
-                    spec.value.lower, spec.value.upper, spec.mean.min_count, alpha,
-                    mechanism=ps.mechanism, sum_halfwidth=ps.halfwidth_grid(alpha / 2) * unit,
-                    count_halfwidth=Fraction(pc.halfwidth_grid(alpha / 2)),
-                )
-            lo, hi = interval
+            # value, interval (exact large-count law, else the conservative union bound) and
+            # the expected error with both noises: one function, shared with the explorer
+            from dp_spark.mechanisms.mean import mean_cell_accuracy
+
+            acc = mean_cell_accuracy(nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count,
+                                     alpha, mechanism=ps.mechanism, sum_scale=ps.scale, sum_unit=unit,
+                                     count_scale=pc.scale)
             cells.append({
-                "statistic": "mean", "key": keys[i], "value": float(m), "ci_low": float(lo), "ci_high": float(hi),
+                "statistic": "mean", "key": keys[i], "value": float(acc["value"]),
+                "ci_low": float(acc["ci_low"]), "ci_high": float(acc["ci_high"]),
                 "mechanism": ps.mechanism, "noise_scale": float(ps.scale * unit),
-                "noise_stddev": float(ps.stddev_grid) * float(unit) / max(float(ncount), spec.mean.min_count),
-                "grid": float(unit),
-                # E|error| of the mean, first order: the sum's noise over the floored count
-                "expected_abs_error": _expected_abs(ps) * float(unit) / max(float(ncount), spec.mean.min_count),
+                "noise_stddev": float(acc["noise_stddev"]), "grid": float(unit),
+                "expected_abs_error": float(acc["expected_abs_error"]),
             })
     return cells
 

@@ -9,7 +9,7 @@ per budget and group size, the smallest budget meeting ``--target`` (relative ha
 each group size, and writes ``<release>_explorer.png`` and ``<release>_explorer.csv`` into
 ``--out``. Public inputs only: no data is read, no Spark session is started, nothing is
 charged. ``--assumed-mean`` is the assumed value per row for sums and means (default: the
-midpoint of the clamp bounds).
+spec's own ``mean.assumed_mean``, else the midpoint of the clamp bounds).
 """
 
 from __future__ import annotations

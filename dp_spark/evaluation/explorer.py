@@ -15,8 +15,9 @@ evaluation data.
 
 Group size. The true value of the cell's count: rows (orders) for ``count``, ``sum`` and
 ``mean`` releases, distinct units (users) for ``distinct_units``. A sum's true value is
-``group_size * assumed_mean``; a mean's is ``assumed_mean`` (default: the midpoint of the
-clamp bounds, the value the normalised sum is centred on).
+``group_size * assumed_mean``; a mean's is ``assumed_mean`` (default: the spec's own public
+``mean.assumed_mean`` when it declares one, else the midpoint of the clamp bounds, the value
+the normalised sum is centred on).
 
 Errors. For a noised statistic with noise X (grid units 2^k):
 
@@ -24,11 +25,14 @@ Errors. For a noised statistic with noise X (grid units 2^k):
   discrete Gaussian, as in the release table);
 * ``halfwidth`` = the release's interval half-width at the spec's confidence: the smallest h
   with P(|X| <= h) >= confidence (:mod:`dp_spark.mechanisms.accuracy`);
-* for a mean (noisy normalised sum over the noisy count, count floored), the delta method
-  sd = sqrt(sd_S^2 + (mean - mid)^2 sd_C^2) / n gives ``expected_abs_error`` = sqrt(2/pi) sd
-  (accurate when n is many count-noise standard deviations above the floor), and
-  ``halfwidth`` is the half-width of the interval the engine would publish
-  (:func:`dp_spark.mechanisms.mean.mean_interval`) at the expected noisy values.
+* for a mean (noisy normalised sum over the noisy count, count floored): exactly what the
+  engine publishes for a cell whose noisy count is the group size and whose noisy sum is
+  group size x (assumed mean - midpoint), i.e. the expected noisy values. The engine and the
+  explorer call the same :func:`dp_spark.mechanisms.mean.mean_cell_accuracy`: ``halfwidth``
+  is the larger side of the published interval (the large-count interval when it applies,
+  else the union bound), ``expected_abs_error`` the published one (both noises, first order),
+  ``noise_stddev`` the published one (the sum's noise over the count). Tested against the
+  engine's ``noise_cells`` with zero noise, for every statistic kind.
 
 Relative errors divide by |true value|; they are ``inf`` when the true value is 0.
 Nothing here imports pyspark.
@@ -98,10 +102,13 @@ def _alpha(confidence: Optional[Number], spec: ReleaseSpec) -> Fraction:
 
 
 def _assumed_mean(spec: ReleaseSpec, assumed_mean: Optional[Number]) -> Optional[Fraction]:
+    """The assumed value per row: the argument, else the spec's own public
+    ``mean.assumed_mean``, else the midpoint of the clamp bounds."""
     if spec.value is None:
         return None
     if assumed_mean is None:
-        return (spec.value.lower + spec.value.upper) / 2
+        own = spec.mean.assumed_mean if getattr(spec, "mean", None) is not None else None
+        return own if own is not None else (spec.value.lower + spec.value.upper) / 2
     m = to_fraction(assumed_mean, "assumed_mean")
     return m
 
@@ -116,11 +123,10 @@ def _check_group_size(n: Any) -> int:
 # Accuracy of one planned statistic
 # --------------------------------------------------------------------------------------
 def _expected_abs_grid(p) -> float:
-    """E|noise| in grid units (the formula of the release table's expected_abs_error)."""
-    if p.mechanism == "discrete_laplace":
-        q = math.exp(-1 / float(p.scale))
-        return 2 * q / (1 - q * q)
-    return math.sqrt(2 / math.pi) * float(p.stddev_grid)
+    """E|noise| in grid units: the engine's own function (the release table's expected_abs_error)."""
+    from dp_spark.engine import _expected_abs
+
+    return _expected_abs(p)
 
 
 def _unit(p) -> Fraction:
@@ -142,25 +148,29 @@ def _simple_accuracy(p, true_value: float, alpha: Fraction) -> dict[str, float]:
 
 
 def _mean_accuracy(spec: ReleaseSpec, plan, n: int, mean: Fraction, alpha: Fraction) -> dict[str, float]:
-    from dp_spark.mechanisms.mean import mean_interval
+    """What the engine publishes for a mean cell whose noisy count is n and whose noisy
+    normalised sum is n (mean - mid) on the grid (the expected noisy values: no noise drawn):
+    the same function as the engine's noise_cells (:func:`~dp_spark.mechanisms.mean.mean_cell_accuracy`),
+    so the interval (large-count law or union bound) and the expected error (both noises) are
+    exactly those the release would carry for those values."""
+    from dp_spark.mechanisms.mean import mean_cell_accuracy
+    from dp_spark.mechanisms.release import grid_midpoint, value_to_grid
 
     by = {p.statistic: p for p in plan.statistics}
     pc, ps = by["count"], by["normalised_sum"]
     lo_b, hi_b = spec.value.lower, spec.value.upper
-    mid = (lo_b + hi_b) / 2
-    m = min(max(mean, lo_b), hi_b)
-    sd_s = float(ps.stddev_grid) * float(_unit(ps))
-    sd_c = float(pc.stddev_grid)
-    d = float(m - mid)
-    sd_mean = math.sqrt(sd_s ** 2 + d * d * sd_c ** 2) / n
-    abs_err = math.sqrt(2 / math.pi) * sd_mean
-    # the interval the engine would publish at the expected noisy values (no noise drawn)
-    lo, hi = mean_interval(n * (m - mid), Fraction(n), sd_s, sd_c, mid, lo_b, hi_b,
-                           spec.mean.min_count, alpha)
-    h = float(max(hi - m, m - lo))
-    denom = abs(float(m))
+    k = ps.grid_exponent
+    unit = Fraction(2) ** k
+    # the engine's noisy normalised sum at zero noise: rows x (value - midpoint) in grid units
+    nsum = n * (value_to_grid(mean, spec.bounds, k) - grid_midpoint(spec.bounds, k)) * unit
+    acc = mean_cell_accuracy(nsum, Fraction(n), (lo_b + hi_b) / 2, lo_b, hi_b, spec.mean.min_count, alpha,
+                             mechanism=ps.mechanism, sum_scale=ps.scale, sum_unit=unit, count_scale=pc.scale)
+    m = acc["value"]
+    h = float(max(acc["ci_high"] - m, m - acc["ci_low"]))
+    abs_err = float(acc["expected_abs_error"])
+    denom = abs(float(min(max(mean, lo_b), hi_b)))
     return {
-        "noise_stddev": sd_mean,
+        "noise_stddev": float(acc["noise_stddev"]),
         "expected_abs_error": abs_err,
         "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
         "halfwidth": h,

@@ -40,6 +40,10 @@ __all__ = [
     "mean_split_error",
     "mean_from_noisy",
     "mean_interval",
+    "mean_interval_large_count",
+    "mean_error_quantile",
+    "mean_expected_abs_error",
+    "mean_cell_accuracy",
     "noise_tail_halfwidth",
 ]
 
@@ -370,32 +374,235 @@ def mean_interval(noisy_norm_sum, noisy_count, sum_stddev, count_stddev, midpoin
     return min(lo, point), max(hi, point)
 
 
+# --- the exact law of the mean's linearised error ----------------------------------------
+# With S and n the bounded data's normalised sum and count, d = S/n = mean - mid, and
+# C~ = n + e_C >= floor, the released centred mean is (S + u X_S) / C~, so its error is
+#
+#     mean~ - mean = (u X_S - d X_C) / C~          (exactly, before the clamp)
+#
+# with X_S, X_C the two independent integer noises (grid units) and u = 2^k the sum's grid.
+# Z = u X_S - d X_C has a known law for known d: the functions below compute its quantiles and
+# E|Z| exactly from the two pmfs (the count's enumerated, the sum's through its closed-form or
+# summed CDF). Nothing here reads data: d and C~ are the released (noisy) values.
+_COUNT_SUPPORT_MAX = 400_001
+_GUARD_ALPHA = 0.05  # the large-count regime is checked at this level or the release's, the smaller
+
+
+def _law_inputs(mechanism: str, sum_scale, sum_unit, count_scale) -> tuple[str, float, float, float]:
+    from dp_spark.mechanisms import accuracy
+
+    _check_mechanism(mechanism)
+    t_s = accuracy._scale_float(sum_scale, "sum_scale")
+    t_c = accuracy._scale_float(count_scale, "count_scale")
+    u = float(_exact(sum_unit, "sum_unit"))
+    if not (u > 0 and math.isfinite(u)):
+        raise ConfigError("sum_unit must be > 0")
+    return mechanism, t_s, u, t_c
+
+
+@lru_cache(maxsize=64)
+def _count_law(mechanism: str, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Support (c >= 0 only, the law is symmetric) and P(|X_C| = c) of the count noise.
+
+    Truncated where the remaining mass is below 1e-13 (Laplace: 32 scales; Gaussian: 13
+    sigmas); coarsened (lumped at a step) only beyond 400,000 support points."""
+    from dp_spark.mechanisms import accuracy
+
+    half = int(math.ceil((32.0 if mechanism == LAPLACE else 13.0) * scale)) + 2
+    step = max(1, int(math.ceil((half + 1) / _COUNT_SUPPORT_MAX)))
+    x = np.arange(0, half + 1, step, dtype=np.float64)
+    pmf = accuracy.discrete_laplace_pmf if mechanism == LAPLACE else accuracy.discrete_gaussian_pmf
+    p = pmf(scale, x) * step
+    p[1:] *= 2.0  # +c and -c
+    if step > 1:
+        p /= p.sum()
+    return x, p
+
+
+def _sum_cdf(mechanism: str, scale: float, j: np.ndarray) -> np.ndarray:
+    """P(X_S <= j) for integer-valued arrays j (grid units), from the exact law."""
+    from dp_spark.mechanisms import accuracy
+
+    j = np.asarray(j, dtype=np.float64)
+    if mechanism == LAPLACE:
+        # P(X <= j) = 1 - a^(j+1)/(1+a) for j >= 0, a^(-j)/(1+a) for j < 0; a = e^(-1/t)
+        one_plus_a = 1.0 + math.exp(-1.0 / scale)
+        upper = -np.expm1(-(np.abs(j) + 1.0) / scale) + np.exp(-(np.abs(j) + 1.0) / scale) * (1 - 1 / one_plus_a)
+        # 1 - a^(j+1)/(1+a) = (1 - a^(j+1)) + a^(j+1) (1 - 1/(1+a))
+        lower = np.exp(-np.abs(j) / scale) / one_plus_a
+        return np.where(j >= 0, upper, lower)
+    if scale <= accuracy._DIRECT_MAX_SIGMA:
+        d = accuracy._get_direct(scale)
+        suffix = np.append(d.suffix, 0.0)  # suffix[i] = sum_{x >= i} f(x), 0 beyond the top
+        idx_hi = np.clip(np.abs(j) + 1, 0, len(suffix) - 1).astype(np.int64)
+        idx_lo = np.clip(np.abs(j), 0, len(suffix) - 1).astype(np.int64)
+        return np.where(j >= 0, 1.0 - suffix[idx_hi] / d.z, suffix[idx_lo] / d.z)
+    from scipy import special
+
+    # sigma > 4096: the midpoint rule is exact to ~1e-9 relative (Euler-Maclaurin)
+    return special.ndtr((j + 0.5) / scale)
+
+
+def _linear_coverage(h: float, d: float, mechanism: str, t_s: float, u: float, t_c: float) -> float:
+    """P(|u X_S - d X_C| <= h)."""
+    c, p = _count_law(mechanism, t_c)
+    shift = d * c
+    hi = np.floor((shift + h) / u)
+    lo = np.ceil((shift - h) / u) - 1.0
+    inside = _sum_cdf(mechanism, t_s, hi) - _sum_cdf(mechanism, t_s, lo)
+    return float(np.dot(p, np.clip(inside, 0.0, 1.0)))
+
+
+def mean_error_quantile(alpha, deviation, *, mechanism: str, sum_scale, sum_unit, count_scale) -> float:
+    """The smallest h with P(|u X_S - d X_C| <= h) >= 1 - alpha (real units of the sum).
+
+    ``deviation`` d = mean - mid, ``sum_scale`` / ``count_scale`` the noises' parameters in
+    grid units (Laplace scale t or Gaussian sigma), ``sum_unit`` u = 2^k. Exact up to the
+    bisection's 1e-7 relative tolerance (from above): the count noise enumerated, the sum
+    noise's CDF exact (closed form for the Laplace; the Gaussian's summed pmf, or its
+    midpoint rule above sigma = 4096). At d = 0 it is u times the sum's exact half-width.
+    """
+    a = float(alpha)
+    if not (0 < a < 1):
+        raise ConfigError("alpha must be in (0, 1)")
+    mech, t_s, u, t_c = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)
+    d = abs(float(deviation))
+    if not math.isfinite(d):
+        raise ConfigError("deviation must be finite")
+    from dp_spark.mechanisms import accuracy
+
+    target = 1.0 - a
+    if _linear_coverage(0.0, d, mech, t_s, u, t_c) >= target:
+        return 0.0
+    # union bound: each noise within its alpha/2 half-width covers with >= 1 - alpha
+    hi = u * accuracy.noise_halfwidth(mech, t_s, a / 2) + d * accuracy.noise_halfwidth(mech, t_c, a / 2)
+    hi = max(hi, u)
+    while _linear_coverage(hi, d, mech, t_s, u, t_c) < target:  # float safety
+        hi *= 2.0
+    lo = 0.0
+    while hi - lo > 1e-7 * hi:
+        mid = (lo + hi) / 2.0
+        if _linear_coverage(mid, d, mech, t_s, u, t_c) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _mean_abs_deviation(mechanism: str, scale: float, m: np.ndarray) -> np.ndarray:
+    """E|X_S - m| (grid units) for arrays m >= 0: exact for the discrete Laplace; for the
+    discrete Gaussian the normal formula at its exact sd (the convention of the release
+    table's sqrt(2/pi) sd)."""
+    from dp_spark.mechanisms import accuracy
+
+    m = np.asarray(m, dtype=np.float64)
+    if mechanism == LAPLACE:
+        # E|X - m| = m + 2 a^(j+1) ((1 - f)(1 - a) + a) / ((1 + a)(1 - a)), j = floor m, f = m - j
+        a = math.exp(-1.0 / scale)
+        one_minus_a = -math.expm1(-1.0 / scale)
+        j = np.floor(m)
+        f = m - j
+        return m + 2.0 * np.exp(-(j + 1.0) / scale) * ((1.0 - f) * one_minus_a + a) / ((1.0 + a) * one_minus_a)
+    from scipy import special
+
+    sd = accuracy.discrete_gaussian_stddev(scale)
+    return sd * math.sqrt(2.0 / math.pi) * np.exp(-(m * m) / (2.0 * sd * sd)) + m * (1.0 - 2.0 * special.ndtr(-m / sd))
+
+
+def mean_expected_abs_error(deviation, noisy_count, min_count, *, mechanism: str, sum_scale, sum_unit,
+                            count_scale) -> float:
+    """The mean's expected absolute error, both noises included (first order).
+
+    mean~ - mean = (u X_S - d X_C) / C~ with d = mean - mid (see above), so
+    E|error| ~ E|u X_S - d X_C| / max(C~, floor), with d = ``deviation`` (the released
+    mean minus the midpoint: public) and C~ = ``noisy_count``. E|u X_S - d X_C| is summed
+    exactly over the count noise's pmf, with E|u X_S - m| in closed form (discrete
+    Laplace) or the normal formula at the exact sd (discrete Gaussian). At d = 0 it is the
+    sum's E|noise| over the count, the count noise's term vanishing; far from the midpoint
+    the count noise's term |d| E|X_C| / C~ dominates. Pure (no data, no pyspark).
+    """
+    mech, t_s, u, t_c = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)
+    d = abs(float(deviation))
+    if not math.isfinite(d):
+        raise ConfigError("deviation must be finite")
+    denom = max(float(_exact(noisy_count, "noisy_count")), float(_floor_value(min_count)))
+    c, p = _count_law(mech, t_c)
+    e_abs = u * float(np.dot(p, _mean_abs_deviation(mech, t_s, d * c / u)))
+    return e_abs / denom
+
+
 def mean_interval_large_count(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_count, *,
-                              sum_halfwidth, count_halfwidth) -> Optional[tuple[Fraction, Fraction]]:
+                              alpha, mechanism: str, sum_scale, sum_unit, count_scale,
+                              ) -> Optional[tuple[Fraction, Fraction]]:
     """A calibrated (1 - alpha) interval for the mean when the noisy count is large, else None.
 
-    Method (first-order, documented in docs/accuracy.md): with S the normalised sum and n the
-    count of the bounded data, mean - mid = S/n, and the released estimate's error is
-    (e_S - (S/n) e_C) / n + O(e_C^2 / n^2). Its (1 - alpha) half-width is taken as
-    sqrt(h_S^2 + ((mean~ - mid) h_C)^2) / max(C~, floor), with h_S and h_C the EXACT
-    (1 - alpha) half-widths of the sum and count noises (``plan.halfwidth_grid(alpha)`` in real
-    units). When one noise dominates this is that noise's exact quantile; for two Gaussian
-    noises it is the exact quantile of their sum. It is used only when the count is large
-    enough for the ratio to be nearly linear: C~ - h_C >= max(floor, 1) and h_C <= C~ / 10;
-    otherwise None is returned and the caller uses the conservative union bound of
-    :func:`mean_interval` (valid at every group size). Covers the bounded, clamped truth,
-    not the clipping bias.
+    Method (docs/accuracy.md): with S the normalised sum and n the count of the bounded data,
+    d = S/n = mean - mid and C~ = n + e_C, the released estimate's error is exactly
+    (u X_S - d X_C) / C~ while C~ >= floor (before the clamp, which never moves the estimate
+    away from a truth inside [L, U]). Its (1 - alpha) half-width is q / C~ with q the EXACT
+    (1 - alpha) quantile of |u X_S - d X_C| (:func:`mean_error_quantile`), d taken at the
+    released mean (the one approximation: d is estimated). This holds at every confidence
+    level, whatever the two noises' relative sizes (the root-sum-square of the two
+    half-widths it replaces under-covered two comparable Laplace noises below 90%).
+
+    Used only when the count is large enough for the estimated d to be close to the true
+    one: C~ - h_C >= max(floor, 1) and h_C <= C~ / 10, h_C the count noise's exact
+    half-width at min(alpha, 0.05); otherwise None is returned and the caller uses the
+    conservative union bound of :func:`mean_interval` (valid at every group size). Covers
+    the bounded, clamped truth, not the clipping bias.
     """
+    from dp_spark.mechanisms import accuracy
+
     s, c, mid, lo_b, hi_b = _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper)
-    h_s = _exact(sum_halfwidth, "sum_halfwidth")
-    h_c = _exact(count_halfwidth, "count_halfwidth")
+    mech, t_s, u, t_c = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)
+    a = float(alpha)
+    if not (0 < a < 1):
+        raise ConfigError("alpha must be in (0, 1)")
+    h_c = Fraction(accuracy.noise_halfwidth(mech, t_c, min(a, _GUARD_ALPHA)))
     floor = _floor_value(min_count)
     if c - h_c < max(floor, Fraction(1)) or h_c * 10 > c:
         return None
     point = mean_from_noisy(s, c, mid, lo_b, hi_b, min_count)
-    dev = float(point - mid)
-    half = math.sqrt(float(h_s) ** 2 + (dev * float(h_c)) ** 2) / float(max(c, floor))
-    half_f = Fraction(half)
+    q = mean_error_quantile(a, point - mid, mechanism=mech, sum_scale=sum_scale, sum_unit=sum_unit,
+                            count_scale=count_scale)
+    half_f = Fraction(q) / max(c, floor)
     lo = min(max(point - half_f, lo_b), hi_b)
     hi = max(min(point + half_f, hi_b), lo_b)
     return lo, hi
+
+
+def mean_cell_accuracy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_count, alpha, *,
+                       mechanism: str, sum_scale, sum_unit, count_scale) -> dict:
+    """Everything a release publishes about one mean cell, from its two noisy values and the
+    public noise laws: ``value``, ``ci_low``, ``ci_high``, ``noise_stddev`` and
+    ``expected_abs_error`` (Fractions for the first three). The engine's ``noise_cells`` and
+    the epsilon explorer both call this, so the explorer predicts exactly what is published.
+
+    The interval is :func:`mean_interval_large_count` when the count is large, else the union
+    bound :func:`mean_interval` with the exact alpha/2 half-widths of the two noises;
+    ``noise_stddev`` is the sum's noise sd over the floored count, ``expected_abs_error``
+    :func:`mean_expected_abs_error` (both noises) at the released mean.
+    """
+    from dp_spark.mechanisms import accuracy
+
+    s, c, mid, lo_b, hi_b = _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper)
+    mech, t_s, u, t_c = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)
+    a = float(alpha)
+    value = mean_from_noisy(s, c, mid, lo_b, hi_b, min_count)
+    interval = mean_interval_large_count(s, c, mid, lo_b, hi_b, min_count, alpha=a, mechanism=mech,
+                                         sum_scale=sum_scale, sum_unit=sum_unit, count_scale=count_scale)
+    if interval is None:
+        unit = _exact(sum_unit, "sum_unit")
+        interval = mean_interval(
+            s, c, accuracy.noise_stddev(mech, sum_scale) * u, accuracy.noise_stddev(mech, count_scale), mid,
+            lo_b, hi_b, min_count, a, mechanism=mech,
+            sum_halfwidth=accuracy.noise_halfwidth(mech, sum_scale, a / 2) * unit,
+            count_halfwidth=Fraction(accuracy.noise_halfwidth(mech, count_scale, a / 2)))
+    denom = max(float(c), float(_floor_value(min_count)))
+    return {
+        "value": value, "ci_low": interval[0], "ci_high": interval[1],
+        "noise_stddev": accuracy.noise_stddev(mech, sum_scale) * u / denom,
+        "expected_abs_error": mean_expected_abs_error(value - mid, c, min_count, mechanism=mech,
+                                                      sum_scale=sum_scale, sum_unit=sum_unit,
+                                                      count_scale=count_scale),
+    }

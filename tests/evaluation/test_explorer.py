@@ -158,3 +158,62 @@ def test_explore_epsilon_job_rejects_bad_arguments(tmp_path):
         [sys.executable, str(ROOT / "jobs/explore_epsilon.py"), "--conf", str(DAU), "--group-sizes", "x",
          "--budgets", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
+
+
+# --------------------------------------------------------------------------------------
+# the explorer predicts exactly what the engine publishes
+# --------------------------------------------------------------------------------------
+
+
+def _engine_cells(spec, n, mean):
+    from dp_spark.engine import noise_cells, plan_release
+    from dp_spark.mechanisms.release import value_to_grid
+    from dp_spark.mechanisms.samplers import NoiseSource
+
+    src = type("Zero", (NoiseSource,), {"name": "zero", "discrete_laplace": lambda self, s, k: [0] * k,
+                                        "discrete_gaussian": lambda self, s, k: [0] * k})()
+    fixed = n * value_to_grid(mean, spec.bounds, spec.value.grid_exponent) if spec.value is not None else 0
+    partials = {key: {"rows": n, "units": n, "sum_fixed": fixed} for key in spec.keys}
+    return {c["statistic"]: c for c in noise_cells(plan_release(spec), partials, src) if c["key"] == spec.keys[0]}
+
+
+PREDICT = [
+    ("count", "pure_dp", 1, {"k": 5}),
+    ("count", "zcdp", Fraction(1, 4), {"k": 5}),
+    ("distinct_units", "pure_dp", Fraction(1, 2), {}),
+    ("distinct_units", "zcdp", Fraction(1, 4), {}),
+    ("sum", "pure_dp", 1, {"k": 3}),
+    ("sum", "zcdp", Fraction(1, 4), {"k": 3}),
+    ("mean", "pure_dp", 1, {"k": 3}),
+    ("mean", "zcdp", Fraction(1, 4), {"k": 3}),
+]
+
+
+@pytest.mark.parametrize("metric,measure,budget,kw", PREDICT)
+@pytest.mark.parametrize("n", [40, 300, 5000])
+def test_explorer_predicts_what_the_engine_publishes(metric, measure, budget, kw, n):
+    spec = make_spec(metric, measure, budget, **kw)
+    mean = Fraction(80)
+    rows = explorer.explore(spec, [n], [budget], assumed_mean=mean)
+    cells = _engine_cells(spec, n, mean)
+    assert {r["statistic"] for r in rows} == set(cells)
+    for r in rows:
+        c = cells[r["statistic"]]
+        half = max(c["ci_high"] - c["value"], c["value"] - c["ci_low"])
+        assert r["halfwidth"] == pytest.approx(half, rel=1e-12, abs=1e-12), r["statistic"]
+        assert r["expected_abs_error"] == pytest.approx(c["expected_abs_error"], rel=1e-12), r["statistic"]
+        assert r["noise_stddev"] == pytest.approx(c["noise_stddev"], rel=1e-12), r["statistic"]
+
+
+def test_explorer_uses_the_specs_assumed_mean_and_matches_the_aov_release():
+    spec = load_release_spec(AOV)  # assumed_mean: 45, zCDP rho 0.25
+    rows = explorer.explore(spec, [900], [Fraction(1, 4)])
+    mean_row = next(r for r in rows if r["statistic"] == "mean")
+    assert mean_row["assumed_mean"] == 45 and mean_row["true_value"] == 45
+    c = _engine_cells(spec, 900, Fraction(45))["mean"]
+    assert mean_row["halfwidth"] == pytest.approx(max(c["ci_high"] - c["value"], c["value"] - c["ci_low"]), rel=1e-12)
+    assert mean_row["expected_abs_error"] == pytest.approx(c["expected_abs_error"], rel=1e-12)
+    # an explicit assumption still wins over the spec's
+    other = next(r for r in explorer.explore(spec, [900], [Fraction(1, 4)], assumed_mean=250)
+                 if r["statistic"] == "mean")
+    assert other["true_value"] == 250 and other["halfwidth"] < mean_row["halfwidth"]
