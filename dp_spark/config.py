@@ -29,6 +29,7 @@ import yaml
 from dp_spark.budget import Budget, parse_budget, to_fraction
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
 from dp_spark.governance.thresholds import MinGroupSize, min_group_size_from_dict
+from dp_spark.statistics.base import StatisticSpec, align_clamp, kind_of
 from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKind
 
 METRICS = ("count", "distinct_units", "sum", "mean")
@@ -157,10 +158,32 @@ class ReleaseSpec:
     max_cells: int
     min_group_size: Optional[MinGroupSize] = None
     source: str = field(default="<dict>", compare=False)
+    # the multi-statistic form (``statistics:``); empty for a single-``metric`` spec
+    statistics: tuple[StatisticSpec, ...] = ()
+    key_sets: tuple[PublicKeys, ...] = ()  # one per group-by column; cells = cross product
+    where: Optional[str] = None
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
-        """Everything that determines the release, in a JSON-stable form."""
+        """Everything that determines the release, in a JSON-stable form.
+
+        A single-``metric`` spec keeps the shape (and so the release ids) it always had; the
+        multi-statistic form has its own shape."""
+        if self.statistics:
+            return {
+                "form": "statistics",
+                "name": self.name, "family": self.family, "dataset": self.dataset,
+                "unit": {"kind": self.unit.kind.value, "column": self.unit.column},
+                "neighbouring": self.neighbouring.value,
+                "where": self.where,
+                "group_by": [{"column": k.column, "kind": k.kind, "keys": list(k.values)} for k in self.key_sets],
+                "statistics": [s.canonical() for s in self.statistics],
+                "bounds": bounds_to_json(self.bounds),
+                "budget_id": self.budget_id,
+                "charge": self.charge.to_json(),
+                "confidence": str(self.confidence),
+                "columns": list(self.columns),
+            }
         return {
             "name": self.name,
             "family": self.family,
@@ -195,14 +218,34 @@ class ReleaseSpec:
 
     @property
     def cells(self) -> int:
+        """The number of key tuples (cells per statistic)."""
+        if self.statistics:
+            n = 1
+            for k in self.key_sets:
+                n *= len(k.values)
+            return n
         return 1 if self.group_by is None else len(self.group_by.values)
 
     @property
     def keys(self) -> tuple[str, ...]:
+        """The canonical ``key`` string of every cell, in order."""
+        if self.statistics:
+            from dp_spark.statistics.plan import canonical_key, key_tuples
+
+            return tuple(canonical_key(self.key_sets, t) for t in key_tuples(self.key_sets))
         return ("__all__",) if self.group_by is None else self.group_by.values
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        if self.statistics:
+            return tuple(k.column for k in self.key_sets)
+        return () if self.group_by is None else (self.group_by.column,)
 
     def for_keys(self, keys: tuple[str, ...], *, name_suffix: str) -> "ReleaseSpec":
         """The same spec restricted to a subset of its public keys (e.g. one day)."""
+        if self.statistics:
+            raise ConfigError(f"{self.source}: restricting a multi-statistic release to some keys "
+                              "is not supported yet; publish the whole release")
         if self.group_by is None:
             raise ConfigError(f"{self.source}: this release has no group_by to restrict")
         gb = self.group_by.restricted_to(keys)
@@ -221,37 +264,37 @@ def bounds_to_json(b: ContributionBounds) -> dict[str, Any]:
     }
 
 
-def _public_keys(raw: Any, source: str) -> PublicKeys:
-    gb = _mapping(raw, source, "group_by")
-    _check_keys(gb, {"column", "public_keys"}, source, "group_by.")
-    column = _column(_require(gb, "column", source, "group_by."), source, "group_by.column")
-    pk = _mapping(_require(gb, "public_keys", source, "group_by."), source, "group_by.public_keys")
-    _check_keys(pk, {"values", "dates"}, source, "group_by.public_keys.")
+def _public_keys(raw: Any, source: str, p: str = "group_by") -> PublicKeys:
+    gb = _mapping(raw, source, p)
+    _check_keys(gb, {"column", "public_keys"}, source, f"{p}.")
+    column = _column(_require(gb, "column", source, f"{p}."), source, f"{p}.column")
+    pk = _mapping(_require(gb, "public_keys", source, f"{p}."), source, f"{p}.public_keys")
+    _check_keys(pk, {"values", "dates"}, source, f"{p}.public_keys.")
     if ("values" in pk) == ("dates" in pk):
-        raise _err(source, "group_by.public_keys", "give exactly one of 'values' or 'dates'")
+        raise _err(source, f"{p}.public_keys", "give exactly one of 'values' or 'dates'")
     if "values" in pk:
         values = pk["values"]
         if not isinstance(values, list) or not values:
-            raise _err(source, "group_by.public_keys.values", "must be a non-empty list")
+            raise _err(source, f"{p}.public_keys.values", "must be a non-empty list")
         if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values):
-            raise _err(source, "group_by.public_keys.values", "entries must be strings or integers")
+            raise _err(source, f"{p}.public_keys.values", "entries must be strings or integers")
         keys = tuple(str(v) for v in values)
         kind = "string"
     else:
-        dates = _mapping(pk["dates"], source, "group_by.public_keys.dates")
-        _check_keys(dates, {"start", "end"}, source, "group_by.public_keys.dates.")
-        start, end = (_require(dates, k, source, "group_by.public_keys.dates.") for k in ("start", "end"))
+        dates = _mapping(pk["dates"], source, f"{p}.public_keys.dates")
+        _check_keys(dates, {"start", "end"}, source, f"{p}.public_keys.dates.")
+        start, end = (_require(dates, k, source, f"{p}.public_keys.dates.") for k in ("start", "end"))
         try:
             start = start if isinstance(start, date) else date.fromisoformat(str(start))
             end = end if isinstance(end, date) else date.fromisoformat(str(end))
         except ValueError:
-            raise _err(source, "group_by.public_keys.dates", "start and end must be ISO dates") from None
+            raise _err(source, f"{p}.public_keys.dates", "start and end must be ISO dates") from None
         if end < start:
-            raise _err(source, "group_by.public_keys.dates", "end is before start")
+            raise _err(source, f"{p}.public_keys.dates", "end is before start")
         keys = tuple((start + timedelta(days=i)).isoformat() for i in range((end - start).days + 1))
         kind = "date"
     if len(set(keys)) != len(keys):
-        raise _err(source, "group_by.public_keys", "keys must be distinct")
+        raise _err(source, f"{p}.public_keys", "keys must be distinct")
     return PublicKeys(column=column, kind=kind, values=keys)
 
 
@@ -262,20 +305,15 @@ def _grid_align(declared_lower: Fraction, declared_upper: Fraction) -> tuple[Fra
     lower bound, the upper bound and their midpoint exact grid points, so the sensitivity
     derived from the enforced bounds is exactly what the Spark path can produce.
     """
-    from dp_spark.mechanisms.grid import grid_exponent_for
-
-    k = grid_exponent_for(declared_lower, declared_upper)
-    step = Fraction(2) ** (k + 1)
-    lower = (declared_lower / step).__floor__() * step
-    upper = (declared_upper / step).__ceil__() * step
-    return lower, upper, k
+    c = align_clamp("", declared_lower, declared_upper)
+    return c.lower, c.upper, c.grid_exponent
 
 
 def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> ReleaseSpec:
     allowed = {
         "name", "family", "description", "dataset", "privacy_unit", "neighbouring", "metric",
         "group_by", "value", "bounds", "budget", "mean", "confidence", "on_exhausted",
-        "columns", "max_cells", "min_group_size",
+        "columns", "max_cells", "min_group_size", "statistics", "where",
     }
     _check_keys(data, allowed, source)
     name = _require(data, "name", source)
@@ -309,18 +347,38 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         raise _err(source, "neighbouring",
                    "an event-level unit needs neighbouring 'event', and only an event-level unit may use it")
 
-    metric = _require(data, "metric", source)
-    if metric not in METRICS:
-        raise _err(source, "metric", f"must be one of {list(METRICS)}")
-
-    group_by = _public_keys(data["group_by"], source) if data.get("group_by") is not None else None
+    multi = data.get("statistics") is not None
+    statistics: tuple[StatisticSpec, ...] = ()
+    key_sets: tuple[PublicKeys, ...] = ()
+    if multi:
+        for f in ("metric", "value", "mean"):
+            if data.get(f) is not None:
+                raise _err(source, f, "a release with 'statistics' declares its value columns per "
+                           "statistic: drop 'metric', 'value' and 'mean'")
+        if data.get("min_group_size") is not None:
+            raise _err(source, "min_group_size", "is not supported on multi-statistic releases yet")
+        metric = None
+        key_sets = _key_sets(data.get("group_by"), source)
+        group_by = key_sets[0] if len(key_sets) == 1 else None
+        statistics = _statistics(data["statistics"], source)
+    else:
+        metric = _require(data, "metric", source)
+        if metric not in METRICS:
+            raise _err(source, "metric", f"must be one of {list(METRICS)}")
+        group_by = _public_keys(data["group_by"], source) if data.get("group_by") is not None else None
     max_cells = _int(data.get("max_cells", DEFAULT_MAX_CELLS), source, "max_cells")
     if max_cells > HARD_MAX_CELLS:
         raise _err(source, "max_cells", f"must be <= {HARD_MAX_CELLS}")
-    n_cells = 1 if group_by is None else len(group_by.values)
+    if multi:
+        n_cells = len(statistics)
+        for k in key_sets:
+            n_cells *= len(k.values)
+    else:
+        n_cells = 1 if group_by is None else len(group_by.values)
     if n_cells > max_cells:
         raise _err(source, "group_by.public_keys",
-                   f"{n_cells} cells exceed max_cells={max_cells}: every cell shares the budget and "
+                   f"{n_cells} cells (key tuples x statistics) exceed max_cells={max_cells}: every "
+                   "cell shares the budget and "
                    "sparse, high-dimensional segments are mostly noise; coarsen the keys or "
                    "pre-register a smaller release")
 
@@ -341,7 +399,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         e_lo, e_hi, k = _grid_align(lo, hi)
         value = ValueSpec(column=column, lower=e_lo, upper=e_hi, declared_lower=lo, declared_upper=hi,
                           grid_exponent=k)
-    elif data.get("value") is not None:
+    elif data.get("value") is not None and not multi:
         raise _err(source, "value", f"metric '{metric}' reads no value column")
 
     b = _mapping(_require(data, "bounds", source), source, "bounds")
@@ -350,10 +408,11 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
     l0 = _int(b.get("max_partitions_per_unit", 1), source, "bounds.max_partitions_per_unit")
     linf = b.get("max_rows_per_partition")
     linf = None if linf is None else _int(linf, source, "bounds.max_rows_per_partition")
-    if group_by is None and l0 != 1:
+    n_keys = (n_cells // len(statistics)) if multi else (1 if group_by is None else len(group_by.values))
+    if n_keys == 1 and not (multi and key_sets) and group_by is None and l0 != 1:
         raise _err(source, "bounds.max_partitions_per_unit", "must be 1 without group_by")
-    if group_by is not None and l0 > len(group_by.values):
-        l0 = len(group_by.values)  # a unit cannot touch more partitions than exist
+    if l0 > n_keys:
+        l0 = n_keys  # a unit cannot touch more cells (key tuples) than exist
     if neighbouring == Neighbouring.EVENT and (k_rows != 1 or l0 != 1 or (linf or 1) != 1):
         raise _err(source, "bounds", "event-level releases bound each event to one row: set all bounds to 1")
     try:
@@ -425,7 +484,12 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         raise _err(source, "on_exhausted.fallback", "only 'degrade' takes a fallback")
 
     needed = [unit.column]
-    if group_by is not None:
+    if multi:
+        needed.extend(k.column for k in key_sets)
+        needed.extend(s.column for s in statistics if s.column is not None)
+        if unit.column in [k.column for k in key_sets] + [s.column for s in statistics]:
+            raise _err(source, "privacy_unit.column", "the unit column cannot be a group-by or value column")
+    if group_by is not None and not multi:
         needed.append(group_by.column)
     if value is not None:
         needed.append(value.column)
@@ -439,7 +503,12 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         missing = [c for c in needed if c not in columns]
         if missing:
             raise _err(source, "columns", "must include the unit, group-by and value columns")
-    min_group = min_group_size_from_dict(
+    where = None
+    if data.get("where") is not None:
+        if not multi:
+            raise _err(source, "where", "is available on releases with 'statistics'")
+        where = check_where(data["where"], columns, source)
+    min_group = None if multi else min_group_size_from_dict(
         data.get("min_group_size"), source, metric=metric,
         public_keys=() if group_by is None else group_by.values,
     )
@@ -449,7 +518,159 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         budget_id=budget_id, charge=charge, mean=mean, confidence=confidence,
         on_exhausted=ExhaustionPolicy(policy=policy, fallback=fallback), columns=columns,
         max_cells=max_cells, min_group_size=min_group, source=source,
+        statistics=statistics, key_sets=key_sets, where=where,
     )
+
+
+def _key_sets(raw: Any, source: str) -> tuple[PublicKeys, ...]:
+    """``group_by``: absent (one global cell), one mapping, or a list of mappings."""
+    if raw is None:
+        return ()
+    entries = raw if isinstance(raw, list) else [raw]
+    if not entries:
+        raise _err(source, "group_by", "must list at least one column (or be left out)")
+    out = [_public_keys(e, source, f"group_by[{i}]") for i, e in enumerate(entries)]
+    cols = [k.column for k in out]
+    if len(set(cols)) != len(cols):
+        raise _err(source, "group_by", "a key column is listed twice")
+    return tuple(out)
+
+
+def _statistics(raw: Any, source: str) -> tuple[StatisticSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _err(source, "statistics", "must be a non-empty list")
+    out: list[StatisticSpec] = []
+    for i, entry in enumerate(raw):
+        p = f"statistics[{i}]"
+        e = _mapping(entry, source, p)
+        name = _require(e, "name", source, f"{p}.")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise _err(source, f"{p}.name", "must be an identifier of letters, digits and '_'")
+        kind_name = _require(e, "kind", source, f"{p}.")
+        try:
+            kind = kind_of(str(kind_name))
+        except ConfigError as exc:
+            raise _err(source, f"{p}.kind", str(exc)) from None
+
+        def err(f: str, problem: str, _p: str = p) -> ConfigError:
+            return _err(source, f"{_p}.{f}", problem)
+
+        allowed = {"name", "kind", "weight"} | set(kind.fields) | (
+            {"column", "lower", "upper"} if kind.needs_value else set())
+        _check_keys(e, allowed, source, f"{p}.")
+        clamp = None
+        if kind.needs_value:
+            column = _column(_require(e, "column", source, f"{p}."), source, f"{p}.column")
+            try:
+                lo = to_fraction(_require(e, "lower", source, f"{p}."), f"{p}.lower")
+                hi = to_fraction(_require(e, "upper", source, f"{p}."), f"{p}.upper")
+            except DpSparkError as exc:
+                raise _err(source, p, str(exc)) from None
+            if lo >= hi:
+                raise InvalidBoundsError(f"{source}: field '{p}': lower must be below upper")
+            clamp = align_clamp(column, lo, hi)
+        weight = None
+        if e.get("weight") is not None:
+            try:
+                weight = to_fraction(e["weight"], f"{p}.weight")
+            except DpSparkError as exc:
+                raise _err(source, f"{p}.weight", str(exc)) from None
+            if weight <= 0:
+                raise _err(source, f"{p}.weight", "must be > 0")
+        options = kind.parse(e, err, clamp)
+        out.append(StatisticSpec(name=name, kind=kind.kind, clamp=clamp, weight=weight,
+                                 options=tuple(sorted(options.items()))))
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise _err(source, "statistics", "statistic names must be distinct")
+    if any(s.weight is None for s in out) and any(s.weight is not None for s in out):
+        raise _err(source, "statistics", "give 'weight' on every statistic or on none")
+    return tuple(out)
+
+
+# Spark SQL functions a row-wise public predicate may not call: aggregates, windows, and
+# anything non-deterministic or that reads state other than the row.
+_WHERE_FORBIDDEN_FUNCTIONS = frozenset("""
+count sum avg mean min max collect_list collect_set first first_value last last_value any_value
+stddev stddev_pop stddev_samp std variance var_pop var_samp percentile percentile_approx
+percentile_cont percentile_disc approx_percentile approx_count_distinct count_if count_min_sketch
+bool_and bool_or every some any max_by min_by median mode corr covar_pop covar_samp skewness
+kurtosis array_agg listagg string_agg histogram_numeric regr_avgx regr_avgy regr_count
+regr_intercept regr_r2 regr_slope regr_sxx regr_sxy regr_syy grouping grouping_id bit_and bit_or
+bit_xor hll_sketch_agg hll_union_agg try_avg try_sum bitmap_construct_agg bitmap_or_agg
+row_number rank dense_rank percent_rank cume_dist ntile lag lead nth_value
+rand randn random uuid shuffle randstr uniform monotonically_increasing_id spark_partition_id
+input_file_name input_file_block_start input_file_block_length current_timestamp current_date
+now localtimestamp current_timezone curdate unix_timestamp reflect java_method try_reflect
+current_user user session_user current_database current_catalog current_schema
+""".split())
+_WHERE_FORBIDDEN_WORDS = frozenset({"select", "over", "window", "exists", "join", "union", "lateral",
+                                    "intersect", "except", "values", "table", "with"})
+_WHERE_KEYWORDS = frozenset("""
+and or not is null true false in like ilike rlike regexp between case when then else end cast as
+date timestamp timestamp_ntz timestamp_ltz interval div escape distinct from to int integer bigint
+smallint tinyint long short byte double float real decimal dec numeric string varchar char boolean
+binary year years month months day days hour hours minute minutes second seconds week weeks
+quarter millisecond milliseconds microsecond microseconds both leading trailing for unknown x
+""".split())
+_WHERE_TOKEN = re.compile(r"""\s+|'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`(?:[^`]|``)+`|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?[a-zA-Z]*|[A-Za-z_][A-Za-z0-9_]*|<=>|<>|!=|<=|>=|==|\|\||[-+*/%=<>(),.!&|^~:\[\]]""")
+
+
+def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
+    """A ``where`` predicate: a Spark SQL boolean expression over ``columns``, row-wise.
+
+    Checked here, before any data is read: every column it names must be in ``columns``; no
+    aggregate, window, subquery, or non-deterministic function. The engine checks it again
+    against the input's schema, restricted to ``columns``, before any charge (Spark's analyser:
+    a column outside ``columns`` cannot be resolved). Errors never echo the expression.
+    """
+    if not isinstance(raw, str) or not raw.strip():
+        raise _err(source, "where", "must be a non-empty Spark SQL boolean expression")
+    if len(raw) > 4000:
+        raise _err(source, "where", "is longer than 4000 characters")
+    tokens = []
+    pos = 0
+    while pos < len(raw):
+        m = _WHERE_TOKEN.match(raw, pos)
+        if m is None:
+            raise _err(source, "where", f"cannot be read at character {pos + 1}")
+        if not m.group().isspace():
+            tokens.append(m.group())
+        pos = m.end()
+    depth = 0
+    for i, t in enumerate(tokens):
+        low = t.lower()
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+        prev = tokens[i - 1] if i > 0 else ""
+        if t == "(":
+            depth += 1
+        elif t == ")":
+            depth -= 1
+            if depth < 0:
+                raise _err(source, "where", "has unbalanced parentheses")
+        if t.startswith("`"):
+            name = t[1:-1].replace("``", "`")
+            if name not in columns:
+                raise _err(source, "where", "references a column that is not in 'columns'")
+            continue
+        if not (t[0].isalpha() or t[0] == "_"):
+            continue
+        if low in _WHERE_FORBIDDEN_WORDS:
+            raise _err(source, "where", f"must be a row-wise predicate: '{low.upper()}' is not allowed "
+                       "(no subqueries, windows or set operations)")
+        if nxt == "(":
+            if low in _WHERE_FORBIDDEN_FUNCTIONS:
+                raise _err(source, "where", f"must be a row-wise, deterministic predicate: function "
+                           f"'{low}' is an aggregate, a window or non-deterministic")
+            continue
+        if prev == "." or low in _WHERE_KEYWORDS:
+            continue
+        if t not in columns:
+            raise _err(source, "where", f"references column '{t}', which is not in 'columns' "
+                       "(list every column the spec may read there)")
+    if depth != 0:
+        raise _err(source, "where", "has unbalanced parentheses")
+    return raw
 
 
 def load_release_spec(path: str | os.PathLike) -> ReleaseSpec:

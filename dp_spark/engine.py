@@ -129,6 +129,16 @@ def plan_release(spec: ReleaseSpec) -> ReleasePlan:
     return ReleasePlan(spec=spec, statistics=stats, mean_split=split)
 
 
+def plan_for(spec: ReleaseSpec):
+    """The release's plan: :func:`plan_release` for a single-metric spec, the generic
+    :func:`dp_spark.statistics.plan.plan_query` for a multi-statistic one."""
+    if spec.statistics:
+        from dp_spark.statistics.plan import plan_query
+
+        return plan_query(spec)
+    return plan_release(spec)
+
+
 def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) -> str:
     blob = json.dumps(
         {"spec": spec.canonical(), "input": {"table_id": table_id, "version": version},
@@ -454,6 +464,7 @@ class Engine:
         """Publish ``spec`` (see the module docstring). ``snapshot``: an input snapshot the caller
         already pinned (a :class:`~dp_spark.release.writer.Snapshot` of the spec's dataset), read
         instead of pinning it again."""
+        from dp_spark.aggregations.query import build_query_partials
         from dp_spark.governance.access import authorize
         from dp_spark.release.writer import ensure_release_table, pin_snapshot, release_present
 
@@ -461,7 +472,7 @@ class Engine:
         authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec, ledger=self.ledger,
                   budget_id=spec.budget_id)
         policy = self.policy_for(spec)
-        plan = plan_release(spec)  # every privacy parameter, before data is touched
+        plan = plan_for(spec)  # every privacy parameter, before data is touched
         charge = spec.charge
         acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
         cost = acc.compose([s.event for s in plan.statistics])
@@ -495,7 +506,8 @@ class Engine:
         # 2. everything that can fail on schema fails now, before any charge
         ensure_release_table(self.spark, path)
         salt = read_or_create_salt(self.env.salt_file)
-        partials_df = build_partials(snapshot.reader(self.spark), spec, salt)
+        partials_df = (build_query_partials(snapshot.reader(self.spark), plan, salt) if spec.statistics
+                       else build_partials(snapshot.reader(self.spark), spec, salt))
 
         # 3. reserve (compare-and-set; exactly once)
         owner = uuid.uuid4().hex
@@ -517,18 +529,23 @@ class Engine:
         # driver resolves the release table's write keys (metadata only), so the write below
         # does not wait for it.
         from dp_spark.aggregations import collect_partials
+        from dp_spark.aggregations.query import collect_query_partials
         from dp_spark.release.writer import prepare_release_write
 
         with alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}"), \
                 _stage(self.spark, "bounding+aggregation", release_id):
-            partials = collect_partials(
-                partials_df, key_col=spec.group_by.column if spec.group_by else None,
-                public_keys=list(spec.keys), has_sum=spec.value is not None,
-            )
+            if spec.statistics:
+                partials = collect_query_partials(partials_df, plan)
+            else:
+                partials = collect_partials(
+                    partials_df, key_col=spec.group_by.column if spec.group_by else None,
+                    public_keys=list(spec.keys), has_sum=spec.value is not None,
+                )
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
             components: dict[str, Any] = {}
-            cells = noise_cells(plan, partials, self.source, components)
+            cells = (plan.noise(partials, self.source) if spec.statistics
+                     else noise_cells(plan, partials, self.source, components))
         suppressed: list[str] = []
         if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)
             cells, suppressed = self._threshold(spec, cells, components)
@@ -556,7 +573,7 @@ class Engine:
         # the write committed exactly these rows: return them without reading the table back
         from dp_spark.release.writer import RELEASE_SCHEMA
 
-        mine = sorted(({f.name: r[f.name] for f in RELEASE_SCHEMA.fields} for r in rows),
+        mine = sorted(({f.name: r.get(f.name) for f in RELEASE_SCHEMA.fields} for r in rows),
                       key=lambda r: (r["statistic"], r["key"]))
         return self._result(spec, release_id, path, status, mine, charge=charged,
                             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
@@ -680,11 +697,12 @@ class Engine:
         common = {
             "release_id": release_id, "release_family": spec.family, "release_name": spec.name,
             "spec_version": spec.version(), "mode": self.mode,
-            "key_column": spec.group_by.column if spec.group_by else None,
+            "key_column": ",".join(spec.key_columns) or None,
             "confidence": float(spec.confidence),
             "charge_json": json.dumps(
                 {"charge": charge.to_json(), "mean_split_to_sum": None if plan.mean_split is None
-                 else str(plan.mean_split), "event": json.loads(canonical_json(plan.event))},
+                 else str(plan.mean_split), "event": json.loads(canonical_json(plan.event)),
+                 **({"split": plan.split_json()} if spec.statistics else {})},
                 sort_keys=True),
             "charge_epsilon": float(charge.epsilon) if isinstance(charge, PureDP) else None,
             "charge_rho": float(charge.rho) if isinstance(charge, ZCDP) else None,
@@ -698,7 +716,11 @@ class Engine:
             "input_table_id": snapshot.table_id, "input_version": snapshot.version,
             "code_version": CODE_VERSION, "created_at": now,
         }
-        return [{**common, **c} for c in cells]
+        names = spec.key_columns
+        # ``keys``: {column: key} of the cell ({} for the global cell); set by the
+        # multi-statistic path, derived here for a single-metric release
+        return [{**common, "keys": dict(zip(names, (c["key"],))) if len(names) == 1 else {}, **c}
+                for c in cells]
 
 
 def publish(spec: ReleaseSpec, env: EnvConfig, **kwargs) -> ReleaseResult:

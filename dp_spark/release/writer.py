@@ -41,7 +41,8 @@ RELEASE_SCHEMA = T.StructType(
         T.StructField("mode", T.StringType(), False),  # official | exploration
         T.StructField("statistic", T.StringType(), False),  # count | distinct_units | sum | mean
         T.StructField("key_column", T.StringType(), True),
-        T.StructField("key", T.StringType(), False),
+        T.StructField("key", T.StringType(), False),  # canonical: the key; "__all__"; a JSON array for tuples
+        T.StructField("keys", T.MapType(T.StringType(), T.StringType()), True),  # {key column: key}
         T.StructField("value", T.DoubleType(), False),
         T.StructField("ci_low", T.DoubleType(), False),
         T.StructField("ci_high", T.DoubleType(), False),
@@ -192,6 +193,11 @@ def ensure_release_table(spark: SparkSession, path: str) -> None:
     if existing is not None:
         want = {(f.name, f.dataType.simpleString()) for f in RELEASE_SCHEMA.fields}
         have = {(f.name, f.dataType.simpleString()) for f in existing.fields}
+        if want - have == {("keys", "map<string,string>")} and not have - want:
+            # a table written before the ``keys`` column existed: add it (metadata only;
+            # its old rows read it as null)
+            spark.sql(f"ALTER TABLE {_sql_ref(path)} ADD COLUMNS (keys MAP<STRING, STRING>)")
+            return
         if want != have:
             missing = sorted(n for n, _ in want - have)
             raise OutputSchemaError(

@@ -1,0 +1,212 @@
+"""Noisy components: exact integer partials per cell, their sensitivity and their Spark columns.
+
+Each component is one vector of integers per release (``width`` entries per cell) to which
+noise is added once per entry. Its sensitivity is derived from the bounds the engine
+enforces (K rows per unit, L0 cells per unit, Linf rows per cell, each value clamped), under
+the release's neighbour relation, with :func:`dp_spark.units.sensitivity` (the table and its
+proofs are in ``docs/privacy-semantics.md``):
+
+=============  ========================================  ==========================================
+component      per-row contribution (grid units)          sensitivity (as for)
+=============  ========================================  ==========================================
+rows           1                                          row count
+units          1 per (unit, cell)                         distinct units (<= L0 cells, 1 each)
+sum            round(clamp(v) 2^-k) in [L', U']           sum with bounds [L, U]
+nsum           round(clamp(v) 2^-k) - mid' in [-W', W']   normalised sum (W = (U - L) / 2)
+nsumsq         round(((clamp(v) - mid)^2 - W^2/2)         sum with bounds [-S, S], S = ceil(W^2/2
+               2^-k2) clamped to [-S, S]                  2^-k2), on its own grid 2^k2
+hist           1 in the value's bin (B public bins)       row count: per cell the bins of one unit
+                                                          sum to <= Linf, so every norm of the
+                                                          (cell, bin) vector is at most that of
+                                                          the row-count vector
+=============  ========================================  ==========================================
+
+The Spark side (:meth:`Component.row_columns`, :meth:`Component.aggregates`) is written
+against plain column names and imports pyspark lazily: this module is importable without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any, Optional
+
+from dp_spark.statistics.base import Clamp
+from dp_spark.units import Aggregate, ContributionBounds, Neighbouring
+
+_PART_BITS = 21
+_PART_MASK = 2**_PART_BITS - 1
+
+
+def _tag(clamp: Optional[Clamp], extra: str = "") -> str:
+    if clamp is None:
+        return extra
+    blob = f"{clamp.column}|{clamp.lower}|{clamp.upper}|{clamp.grid_exponent}|{extra}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+@dataclass(frozen=True)
+class Component:
+    """One noisy vector. ``kind``: rows | units | sum | nsum | nsumsq | hist."""
+
+    kind: str
+    clamp: Optional[Clamp] = None
+    bins: int = 1
+
+    # -- identity --------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        if self.clamp is None:
+            return self.kind
+        extra = f"[{self.clamp.lower},{self.clamp.upper}]"
+        if self.kind == "hist":
+            extra += f"/{self.bins}"
+        return f"{self.kind}:{self.clamp.column}{extra}"
+
+    @property
+    def width(self) -> int:
+        return self.bins if self.kind == "hist" else 1
+
+    # -- sensitivity -------------------------------------------------------------------------
+    @property
+    def square_grid(self) -> tuple[int, int]:
+        """(k2, S) of ``nsumsq``: the grid 2^k2 of the centred squares and their bound S."""
+        from dp_spark.mechanisms.grid import grid_exponent_for
+
+        half = self.clamp.half_width * self.clamp.half_width / 2
+        k2 = grid_exponent_for(-half, half)
+        return k2, math.ceil(half / Fraction(2) ** k2)
+
+    @property
+    def grid_exponent(self) -> int:
+        if self.kind in ("sum", "nsum"):
+            return self.clamp.grid_exponent
+        if self.kind == "nsumsq":
+            return self.square_grid[0]
+        return 0
+
+    def _plan_inputs(self, bounds: ContributionBounds) -> tuple[Aggregate, ContributionBounds]:
+        if self.kind in ("rows", "hist"):
+            return Aggregate.ROW_COUNT, replace(bounds, lower=None, upper=None)
+        if self.kind == "units":
+            return Aggregate.DISTINCT_UNITS, replace(bounds, lower=None, upper=None)
+        if self.kind == "sum":
+            return Aggregate.SUM, replace(bounds, lower=self.clamp.lower, upper=self.clamp.upper)
+        if self.kind == "nsum":
+            return Aggregate.NORMALISED_SUM, replace(bounds, lower=self.clamp.lower, upper=self.clamp.upper)
+        if self.kind == "nsumsq":
+            k2, s = self.square_grid
+            edge = s * Fraction(2) ** k2
+            return Aggregate.SUM, replace(bounds, lower=-edge, upper=edge)
+        raise ValueError(f"unknown component kind {self.kind!r}")
+
+    def plan(self, bounds: ContributionBounds, relation: Neighbouring, share, cells: int):
+        """The :class:`~dp_spark.mechanisms.release.StatisticPlan` of this component over
+        ``cells`` key tuples (``cells * width`` noisy entries)."""
+        from dp_spark.mechanisms.release import plan_statistic
+
+        agg, b = self._plan_inputs(bounds)
+        return plan_statistic(self.name, agg, b, relation, share, self.grid_exponent, cells * self.width)
+
+    def real_sensitivity(self, bounds: ContributionBounds, relation: Neighbouring, cells: int,
+                         measure: str) -> float:
+        """L1 (pure_dp) or L2 (zcdp) sensitivity in real units: what the budget split weighs."""
+        from dp_spark.mechanisms.release import grid_sensitivity
+
+        agg, b = self._plan_inputs(bounds)
+        if b.max_partitions_per_unit > cells:
+            b = replace(b, max_partitions_per_unit=cells)
+        s = grid_sensitivity(agg, b, relation, self.grid_exponent)
+        unit = 2.0 ** self.grid_exponent
+        return float(s.l1) * unit if measure == "pure_dp" else math.sqrt(float(s.l2_squared)) * unit
+
+    # -- Spark: per-row columns and aggregates ---------------------------------------------
+    @property
+    def fixed_column(self) -> str:
+        return f"dp_fx_{_tag(self.clamp)}"
+
+    def row_columns(self) -> dict[str, Any]:
+        """Per-row columns this component aggregates: {name: Column}, over the bounded rows
+        (which hold ``dp_cell``, the unit and the clamped fixed-point value ``fixed_column``
+        of each clamp, and the raw value column). Names are shared by equal components."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        if self.kind == "nsumsq":
+            k2, s = self.square_grid
+            c = self.clamp
+            unit = float(Fraction(2) ** c.grid_exponent)
+            x = F.col(self.fixed_column).cast(T.DoubleType()) * F.lit(unit) - F.lit(float(c.midpoint))
+            half = float(c.half_width * c.half_width / 2)
+            y = F.round((x * x - F.lit(half)) * F.lit(float(Fraction(2) ** -k2)), 0).cast(T.LongType())
+            y = F.least(F.greatest(y, F.lit(-s).cast(T.LongType())), F.lit(s).cast(T.LongType()))
+            return {f"dp_sq_{_tag(self.clamp)}": y}
+        if self.kind == "hist":
+            c = self.clamp
+            lo = float(c.lower * Fraction(2) ** -c.grid_exponent)
+            span = float((c.upper - c.lower) * Fraction(2) ** -c.grid_exponent)
+            pos = (F.col(self.fixed_column).cast(T.DoubleType()) - F.lit(lo)) / F.lit(span) * F.lit(float(self.bins))
+            b = F.least(F.greatest(F.floor(pos), F.lit(0)), F.lit(self.bins - 1)).cast(T.IntegerType())
+            return {f"dp_bin_{_tag(self.clamp, str(self.bins))}": b}
+        return {}
+
+    def aggregates(self, unit_col: str) -> dict[str, Any]:
+        """{alias: aggregate Column} of this component's partials per cell (longs)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        def exact_sum(col: str, alias: str) -> dict[str, Any]:
+            # v = hi 2^42 + mid 2^21 + lo: three long sums, exact for up to 2^42 rows per cell
+            v = F.col(col).cast(T.LongType())
+            mask = F.lit(_PART_MASK).cast(T.LongType())
+            parts = {f"{alias}_lo": v.bitwiseAND(mask),
+                     f"{alias}_mid": F.shiftright(v, _PART_BITS).bitwiseAND(mask),
+                     f"{alias}_hi": F.shiftright(v, 2 * _PART_BITS)}
+            return {a: F.coalesce(F.sum(e), F.lit(0).cast(T.LongType())) for a, e in parts.items()}
+
+        rows = {"dp_rows": F.count(F.lit(1)).cast(T.LongType())}
+        if self.kind == "rows":
+            return rows
+        if self.kind == "units":
+            return {"dp_units": F.countDistinct(F.col("`" + unit_col + "`")).cast(T.LongType())}
+        if self.kind in ("sum", "nsum"):
+            out = exact_sum(self.fixed_column, f"dp_s_{_tag(self.clamp)}")
+            return {**out, **rows} if self.kind == "nsum" else out
+        if self.kind == "nsumsq":
+            name = f"dp_sq_{_tag(self.clamp)}"
+            return exact_sum(name, name)
+        if self.kind == "hist":
+            b = F.col(f"dp_bin_{_tag(self.clamp, str(self.bins))}")
+            tag = _tag(self.clamp, str(self.bins))
+            return {f"dp_h_{tag}_{j}": F.coalesce(F.sum(F.when(b == j, F.lit(1)).otherwise(F.lit(0))),
+                                                  F.lit(0)).cast(T.LongType())
+                    for j in range(self.bins)}
+        raise ValueError(f"unknown component kind {self.kind!r}")
+
+    def true_values(self, partials: dict[str, int]) -> list[int]:
+        """This component's exact grid integers for one cell, from the collected partials
+        (a dict of longs; a cell absent from the data has all zeros)."""
+        def exact(alias: str) -> int:
+            return (partials.get(f"{alias}_hi", 0) << (2 * _PART_BITS)) + \
+                (partials.get(f"{alias}_mid", 0) << _PART_BITS) + partials.get(f"{alias}_lo", 0)
+
+        if self.kind == "rows":
+            return [partials.get("dp_rows", 0)]
+        if self.kind == "units":
+            return [partials.get("dp_units", 0)]
+        if self.kind == "sum":
+            return [exact(f"dp_s_{_tag(self.clamp)}")]
+        if self.kind == "nsum":
+            from dp_spark.mechanisms.release import grid_midpoint
+
+            b = ContributionBounds(max_rows_per_unit=1, lower=self.clamp.lower, upper=self.clamp.upper)
+            mid = grid_midpoint(b, self.clamp.grid_exponent)
+            return [exact(f"dp_s_{_tag(self.clamp)}") - partials.get("dp_rows", 0) * mid]
+        if self.kind == "nsumsq":
+            return [exact(f"dp_sq_{_tag(self.clamp)}")]
+        if self.kind == "hist":
+            tag = _tag(self.clamp, str(self.bins))
+            return [partials.get(f"dp_h_{tag}_{j}", 0) for j in range(self.bins)]
+        raise ValueError(f"unknown component kind {self.kind!r}")

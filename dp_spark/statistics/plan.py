@@ -1,0 +1,171 @@
+"""Plan and noise of a multi-statistic release: public parameters in, one composed event out.
+
+::
+
+    spec.statistics -> components per statistic (deduplicated: shared components are paid once)
+      -> budget split over the components (weights, or the error-minimising default)
+      -> one StatisticPlan per component (sensitivity from the enforced bounds, calibrated
+         scale, NoiseEvent over cells x width entries)
+      -> [Spark: exact partials per cell, dp_spark.aggregations.query]
+      -> noise: one vector draw per component, then each statistic's post-processing per cell
+
+Default split. Each statistic i declares a first-order model of its squared error relative to
+a public reference magnitude, err_i^2 ~ sum_c a_ic Var_c, and Var_c = Delta2_c^2 / (2 rho_c)
+(zCDP) or 2 Delta1_c^2 / eps_c^2 (pure DP; the discrete Laplace's variance, to first order).
+Minimising sum_i err_i^2 subject to sum_c rho_c = rho gives rho_c proportional to
+sqrt(A_c) Delta2_c (Lagrange), and eps_c proportional to (A_c Delta1_c^2)^(1/3) under pure DP,
+with A_c = sum_i a_ic. With ``weight`` on every statistic, statistic i gets the share
+w_i / sum w of the charge, split over its own components by the same rule; a component
+shared by several statistics receives the sum of their parts. Shares are rounded to
+multiples of 10^-6 of the charge (each >= 10^-6) and sum to the charge exactly.
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import product
+from typing import Any, Mapping, Optional
+
+from dp_spark.budget import PureDP, ZCDP
+from dp_spark.errors import ConfigError, DpSparkError
+from dp_spark.events import ComposedEvent
+from dp_spark.statistics.base import kind_of
+
+_QUANTUM = 10**6
+
+
+def key_tuples(key_sets) -> list[tuple[str, ...]]:
+    """The cross product of the public key sets, row-major (the last column varies fastest)."""
+    if not key_sets:
+        return [()]
+    return list(product(*[ks.values for ks in key_sets]))
+
+
+def canonical_key(key_sets, values: tuple[str, ...]) -> str:
+    """``key``: the value itself for one column, "__all__" for none, else a JSON array."""
+    if not key_sets:
+        return "__all__"
+    if len(key_sets) == 1:
+        return values[0]
+    return json.dumps(list(values), separators=(",", ":"))
+
+
+def _snap(fracs: list[float]) -> list[Fraction]:
+    total = sum(fracs)
+    if not total > 0:
+        raise DpSparkError("internal: the budget split has no positive share")
+    snapped = [Fraction(max(1, round(f / total * _QUANTUM)), _QUANTUM) for f in fracs]
+    over = sum(snapped) - 1
+    i = max(range(len(snapped)), key=lambda j: snapped[j])
+    snapped[i] -= over
+    if snapped[i] <= 0:
+        raise DpSparkError("internal: the budget split rounds a share to zero")
+    return snapped
+
+
+def _share(charge, frac: Fraction):
+    if isinstance(charge, PureDP):
+        return PureDP(charge.epsilon * frac)
+    if isinstance(charge, ZCDP):
+        return ZCDP(charge.rho * frac)
+    raise ConfigError("release charges are pure_dp or zcdp")
+
+
+def _optimal(comps, coeffs: Mapping, sens: Mapping, measure: str) -> dict:
+    raw = {}
+    for c in comps:
+        a = max(coeffs.get(c, 0.0), 1e-300)
+        raw[c] = (a ** 0.5) * sens[c] if measure == "zcdp" else (a * sens[c] ** 2) ** (1 / 3)
+    total = sum(raw.values())
+    return {c: v / total for c, v in raw.items()}
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Everything about a multi-statistic release that is fixed before data is read."""
+
+    spec: Any
+    components: tuple  # Component, in order of first use
+    fractions: tuple  # Fraction share of the charge per component
+    statistics: tuple  # StatisticPlan per component (the name the engine knows plans by)
+    stat_components: tuple  # per statistic of the spec: its components
+    mean_split: Optional[Fraction] = None  # single-metric releases only
+
+    @property
+    def event(self) -> ComposedEvent:
+        return ComposedEvent(children=tuple(p.event for p in self.statistics))
+
+    def plan_of(self, component):
+        return self.statistics[self.components.index(component)]
+
+    def split_json(self) -> dict[str, str]:
+        return {c.name: str(f) for c, f in zip(self.components, self.fractions)}
+
+    def noise(self, partials: Mapping[int, Mapping[str, int]], source) -> list[dict[str, Any]]:
+        """One noise vector per component over all cells (present in the data or not), then
+        every statistic's post-processing per cell. ``partials``: cell index -> collected longs.
+        Returns the cells (driver memory only: never log them before the write commits)."""
+        from dp_spark.mechanisms.release import add_noise
+
+        spec = self.spec
+        tuples = key_tuples(spec.key_sets)
+        alpha = 1 - spec.confidence
+        noisy: dict = {}
+        for comp, plan in zip(self.components, self.statistics):
+            true: list[int] = []
+            for i in range(len(tuples)):
+                true.extend(comp.true_values(partials.get(i, {})))
+            unit = plan.grid_unit
+            noisy[comp] = [Fraction(v) * unit for v in add_noise(plan, true, source)]
+        names = [ks.column for ks in spec.key_sets]
+        cells: list[dict[str, Any]] = []
+        for stat, comps in zip(spec.statistics, self.stat_components):
+            kind = kind_of(stat.kind)
+            plans = {c: self.plan_of(c) for c in comps}
+            for i, values in enumerate(tuples):
+                mine = {c: (noisy[c][i] if c.width == 1 else noisy[c][i * c.width:(i + 1) * c.width]) for c in comps}
+                out = kind.finish(stat, mine, plans, alpha)
+                cells.append({"statistic": stat.name, "key": canonical_key(spec.key_sets, values),
+                              "keys": dict(zip(names, values)), **out})
+        return cells
+
+
+def plan_query(spec) -> QueryPlan:
+    """Components, budget split and calibrated plans of ``spec.statistics``: no data read."""
+    if not spec.statistics:
+        raise ConfigError(f"{spec.source}: not a multi-statistic release")
+    kinds = [kind_of(s.kind) for s in spec.statistics]
+    alone = [k.components(s, rows_shared=False) for k, s in zip(kinds, spec.statistics)]
+    rows_shared = any(c.kind == "rows" for comps in alone for c in comps)
+    per_stat = [k.components(s, rows_shared=rows_shared) for k, s in zip(kinds, spec.statistics)]
+    comps: list = []
+    for cs in per_stat:
+        for c in cs:
+            if c not in comps:
+                comps.append(c)
+    measure = spec.charge.MEASURE
+    cells = spec.cells
+    sens = {c: c.real_sensitivity(spec.bounds, spec.neighbouring, cells, measure) for c in comps}
+    coeffs = [k.error_coefficients(s, cs) for k, s, cs in zip(kinds, spec.statistics, per_stat)]
+    weights = [s.weight for s in spec.statistics]
+    if all(w is None for w in weights):
+        total: dict = {}
+        for co in coeffs:
+            for c, a in co.items():
+                total[c] = total.get(c, 0.0) + a
+        split = _optimal(comps, total, sens, measure)
+    else:
+        wsum = sum(weights)
+        split = {c: 0.0 for c in comps}
+        for w, cs, co in zip(weights, per_stat, coeffs):
+            for c, f in _optimal(cs, co, sens, measure).items():
+                split[c] += float(w / wsum) * f
+    fractions = _snap([split[c] for c in comps])
+    plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, f), cells)
+                  for c, f in zip(comps, fractions))
+    return QueryPlan(spec=spec, components=tuple(comps), fractions=tuple(fractions), statistics=plans,
+                     stat_components=tuple(per_stat))
