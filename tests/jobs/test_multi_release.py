@@ -1,0 +1,122 @@
+"""Multi-statistic releases on Spark, end to end: one pass, one charge, one Delta commit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from pyspark.sql import functions as F
+
+from dp_spark.budget import ZCDP
+from dp_spark.config import load_env
+from dp_spark.engine import Engine, plan_for
+from dp_spark.errors import ConfigError
+from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+
+from .conftest import ROOT, register
+
+SHIPPED = ROOT / "conf/releases/orders_by_day_region.yaml"
+
+
+def engine(spark, env_file, **kw):
+    kw.setdefault("principal", "publisher_bob")
+    return Engine(load_env(env_file), spark=spark, **kw)
+
+
+def test_shipped_multi_statistic_release_one_entry_one_commit_then_cache_hit(spark, warehouse):
+    eng = engine(spark, warehouse)
+    spec = register(warehouse, "orders_by_day_region")
+    r = eng.publish(spec)
+    assert r.status == "published" and r.charge == ZCDP("0.5")
+    assert len(r.rows) == 60 * 6
+    entries = eng.ledger.entries("demo_events_user")
+    assert len(entries) == 1 and entries[0].release_id == r.release_id
+    # the table: created (version 0), then ONE commit for all 360 cells
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{r.table_path}`").collect()
+    assert sorted(h["version"] for h in hist) == [0, 1]
+    t = spark.read.format("delta").load(r.table_path)
+    assert t.count() == 360
+    one = t.where((F.col("statistic") == "aov") & (F.col("keys")["region"] == "region_02")
+                  & (F.col("keys")["day"] == "2026-11-03")).collect()
+    assert len(one) == 1 and one[0]["key"] == '["2026-11-03","region_02"]'
+    assert one[0]["key_column"] == "day,region"
+    by_stat = {}
+    for row in t.collect():
+        by_stat.setdefault(row["statistic"], []).append(row)
+        assert row["ci_low"] <= row["value"] <= row["ci_high"]
+        assert row["charge_rho"] == 0.5 and row["mechanism"] == "discrete_gaussian"
+    assert {k: len(v) for k, v in by_stat.items()} == {s: 60 for s in
+                                                       ("users", "orders", "revenue", "aov", "order_sd", "median_order")}
+    for row in by_stat["order_sd"]:
+        assert 0 <= row["value"] <= 250
+    for row in by_stat["median_order"]:
+        assert 0 <= row["value"] <= 500
+    # a rerun is a cache hit that charges nothing and returns the same cells
+    again = engine(spark, warehouse).publish(spec)
+    assert again.status == "cache_hit" and again.charge is None
+    assert len(eng.ledger.entries("demo_events_user")) == 1
+    assert sorted((c["statistic"], c["key"], c["value"]) for c in again.rows) == \
+        sorted((c["statistic"], c["key"], c["value"]) for c in r.rows)
+
+
+def test_single_metric_specs_publish_beside_it_with_a_keys_column(spark, warehouse):
+    eng = engine(spark, warehouse)
+    r = eng.publish(register(warehouse, "aov_by_region"))
+    assert r.status == "published"
+    row = spark.read.format("delta").load(r.table_path).where(F.col("statistic") == "mean").first()
+    assert row["keys"] == {"region": row["key"]}
+
+
+def test_a_where_outside_the_input_is_refused_before_any_charge(spark, warehouse):
+    d = yaml.safe_load(SHIPPED.read_text())
+    d["columns"] = ["user_id", "day", "region", "order_value", "no_such_column"]
+    d["where"] = "no_such_column > 1"
+    spec = register(warehouse, "orders_bad_where", dict(d, name="orders_bad_where", family="orders_bad_where"))
+    eng = engine(spark, warehouse)
+    with pytest.raises(Exception) as exc:
+        eng.publish(spec)
+    assert "no_such_column" in str(exc.value) or isinstance(exc.value, ConfigError)
+    assert eng.ledger.entries("demo_events_user") == []
+
+
+def test_plan_has_one_shuffle_for_bounding_and_one_for_the_aggregation(spark, warehouse):
+    spec = register(warehouse, "orders_by_day_region")
+    env = load_env(warehouse)
+    df = spark.read.format("delta").load(env.dataset_location("demo_events"))
+    partials = build_query_partials(df, plan_for(spec), "salt")
+    plan = partials._jdf.queryExecution().executedPlan().toString()
+    # hash exchanges: one by the unit (bounding), one by the cell (aggregation)
+    assert plan.count("Exchange hashpartitioning") == 2, plan
+
+
+def _components(spark, df, plan):
+    parts = collect_query_partials(build_query_partials(df, plan, "fixed-salt"), plan)
+    out = {}
+    for comp in plan.components:
+        vec = []
+        for i in range(plan.spec.cells):
+            vec.extend(comp.true_values(parts.get(i, {})))
+        out[comp] = vec
+    return out
+
+
+def test_greybox_one_heavy_unit_moves_every_partial_within_its_sensitivity(spark, warehouse):
+    """Neighbours differing in one heavy unit: each component's exact partials move by at
+    most the declared sensitivity, per cell and in L1 / L2 over all cells."""
+    spec = register(warehouse, "orders_by_day_region")
+    plan = plan_for(spec)
+    env = load_env(warehouse)
+    df = spark.read.format("delta").load(env.dataset_location("demo_events"))
+    heavy = (df.groupBy("user_id").count().orderBy(F.col("count").desc()).first())["user_id"]
+    with_unit = _components(spark, df, plan)
+    without = _components(spark, df.where(F.col("user_id") != heavy), plan)
+    moved = 0
+    for comp, p in zip(plan.components, plan.statistics):
+        diff = [a - b for a, b in zip(with_unit[comp], without[comp])]
+        sens = p.sensitivity_grid
+        assert sum(abs(x) for x in diff) <= sens.l1, comp.name
+        assert sum(x * x for x in diff) <= sens.l2_squared, comp.name
+        assert max(abs(x) for x in diff) <= sens.per_partition, comp.name
+        moved += any(diff)
+    assert moved == len(plan.components)  # the heavy unit is in the data and moves every component
