@@ -24,6 +24,14 @@ commit time); the budget row carries a MAC over its policy and the chain head (l
 last hash), so an edited, inserted or deleted row, a raised cap or a truncated tail fails
 :meth:`Ledger.verify`. Triggers refuse UPDATE/DELETE of immutable columns as a first line.
 
+The write path (``reserve``, ``commit``) costs O(1) in the number of entries: it verifies the
+budget row, the chain's tail from the MAC'd head back (the last ``verify_tail`` entries, their
+links, and that nothing lies past the head), the entry it acts on, and reads ``spent`` from a
+per-budget spend summary (``dp_ledger_meta`` row ``spend:<budget_id>``: the lifetime total and
+per-UTC-day totals, MAC'd together with the chain head it describes). A summary that does not
+describe the current head (none yet, or written by an older ledger) makes that one call verify
+the whole chain and rebuild it. :meth:`Ledger.verify` still recomputes everything.
+
 Nothing here imports pyspark.
 """
 
@@ -84,6 +92,7 @@ MIN_KEY_BYTES = 16
 MAX_LEASE_SECONDS = 7 * 24 * 3600
 MAX_TEXT = 512
 STATES = ("reserved", "committed")
+SPEND_PREFIX = "spend:"  # dp_ledger_meta name of a budget's spend summary
 Clock = Callable[[], datetime]
 
 
@@ -407,6 +416,7 @@ TABLES_DDL = (
         PRIMARY KEY (budget_id, seq)
     )""",
     "CREATE INDEX IF NOT EXISTS dp_entries_family ON dp_entries (release_family, state)",
+    "CREATE INDEX IF NOT EXISTS dp_entries_created ON dp_entries (budget_id, created_at)",
     """CREATE TABLE IF NOT EXISTS dp_audit (
         seq BIGINT PRIMARY KEY,
         at TEXT NOT NULL,
@@ -467,6 +477,29 @@ class _BudgetRow:
     texts: tuple  # the stored policy columns, as text, in BUDGET_COLS order (without head/mac)
 
 
+@dataclass(frozen=True)
+class _Spend:
+    """A budget's spend summary at chain head (seq, hash): the lifetime total of its charges
+    and, for every UTC day >= ``from_day`` (YYYY-MM-DD), the total of the entries created that
+    day (days without entries are absent). Days before ``from_day`` were pruned."""
+
+    seq: int
+    hash: str
+    total: Budget
+    from_day: str
+    days: Mapping[str, Budget]
+
+
+def _day(ts: str) -> str:
+    return ts[:10]
+
+
+def _horizon(policy: BudgetPolicy, t: datetime) -> str:
+    """The first UTC day whose total the current window (at ``t``) may need."""
+    start, _ = policy.window.bounds(t)
+    return _day(ts_text(start if start is not None else t))
+
+
 def _policy_texts(p: BudgetPolicy) -> tuple:
     return (
         p.budget_id,
@@ -498,6 +531,9 @@ class SqlLedger(Ledger):
     paramstyle = "qmark"
     for_update = ""
     max_attempts = 50
+    # reserve/commit fully verify this many entries at the end of a budget's chain (plus the
+    # link to the entry before them and the absence of any entry past the head): O(1) work.
+    verify_tail = 8
 
     def __init__(self, *, key: bytes, clock: Optional[Clock], description: str):
         self._key = key
@@ -825,11 +861,24 @@ class SqlLedger(Ledger):
         )
 
     def _chain_problems(self, b: _BudgetRow, rows: list[tuple]) -> tuple[list[str], list[LedgerEntry]]:
+        """Problems of a budget's whole chain (``rows``: all its entries in seq order)."""
+        problems, entries, prev = self._link_problems(b, rows, GENESIS, 1)
+        if b.head_seq != len(rows) or b.head_hash != prev:
+            problems.append(
+                f"budget {b.policy.budget_id!r}: chain head says {b.head_seq} entries but {len(rows)} are stored "
+                f"(rows deleted or inserted outside the ledger)"
+            )
+        return problems, entries
+
+    def _link_problems(
+        self, b: _BudgetRow, rows: Sequence[tuple], prev: str, first: int
+    ) -> tuple[list[str], list[LedgerEntry], str]:
+        """Check ``rows`` as consecutive links seq ``first``, ``first + 1``, ... chained from
+        ``prev`` (the row hash before them). Returns (problems, entries, last row hash)."""
         problems: list[str] = []
         entries: list[LedgerEntry] = []
         bid = b.policy.budget_id
-        prev = GENESIS
-        for i, r in enumerate(rows, start=1):
+        for i, r in enumerate(rows, start=first):
             seq = int(r[1])
             where = f"budget {bid!r} seq {seq}"
             if seq != i:
@@ -848,12 +897,7 @@ class SqlLedger(Ledger):
             except (DpSparkError, ValueError, TypeError, KeyError):
                 problems.append(f"{where}: unreadable row")
             prev = str(r[13])
-        if b.head_seq != len(rows) or b.head_hash != prev:
-            problems.append(
-                f"budget {bid!r}: chain head says {b.head_seq} entries but {len(rows)} are stored "
-                f"(rows deleted or inserted outside the ledger)"
-            )
-        return problems, entries
+        return problems, entries, prev
 
     @staticmethod
     def _raise_problems(problems: list[str]) -> None:
@@ -866,6 +910,157 @@ class SqlLedger(Ledger):
         problems, entries = self._chain_problems(b, rows)
         self._raise_problems(problems)
         return entries
+
+    # -- the write path's O(1) checks ---------------------------------------------------
+    def _verified_tail(self, cur: _Cursor, b: _BudgetRow) -> dict[str, LedgerEntry]:
+        """Verify the end of the budget's chain against its (MAC-checked) head: the last
+        ``verify_tail`` entries' row hashes and state MACs, their links back to the entry
+        before them, that the last one is the head (seq and hash) and that no entry lies past
+        it. Catches a truncated, rewritten or extended tail. Returns those entries by release id."""
+        bid = b.policy.budget_id
+        lo = b.head_seq - self.verify_tail
+        if lo >= 1:
+            rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
+                         (bid, lo, self.verify_tail + 2))
+            if not rows or int(rows[0][1]) != lo:
+                self._raise_problems([f"budget {bid!r} seq {lo}: missing (rows deleted outside the ledger)"])
+            prev, body, first = str(rows[0][13]), rows[1:], lo + 1
+        else:
+            body = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq LIMIT ?",
+                         (bid, b.head_seq + 1))
+            prev, first = GENESIS, 1
+        problems, entries, last = self._link_problems(b, body, prev, first)
+        if first + len(body) - 1 != b.head_seq or last != b.head_hash:
+            end = int(body[-1][1]) if body else first - 1
+            problems.append(
+                f"budget {bid!r}: chain head says {b.head_seq} entries but the stored chain ends at seq {end} "
+                f"(rows deleted or inserted outside the ledger)"
+            )
+        self._raise_problems(problems)
+        return {e.release_id: e for e in entries}
+
+    def _verified_entry(self, cur: _Cursor, b: _BudgetRow, r: tuple) -> LedgerEntry:
+        """Verify one entry row of budget ``b`` (its row hash, linked to the stored hash of the
+        entry before it, and its state MAC) without reading the rest of the chain."""
+        bid = b.policy.budget_id
+        seq = int(r[1])
+        if seq > b.head_seq:
+            self._raise_problems([f"budget {bid!r} seq {seq}: past the chain head (inserted outside the ledger)"])
+        if seq == 1:
+            prev = GENESIS
+        else:
+            p = cur.one("SELECT row_hash FROM dp_entries WHERE budget_id = ? AND seq = ?", (bid, seq - 1))
+            if p is None:
+                self._raise_problems([f"budget {bid!r} seq {seq - 1}: missing (rows deleted outside the ledger)"])
+            prev = str(p[0])
+        problems, entries, _ = self._link_problems(b, [r], prev, seq)
+        self._raise_problems(problems)
+        return entries[0]
+
+    # -- spend summaries ---------------------------------------------------------------
+    def _spend_mac(self, bid: str, seq: int, head: str, total: dict, from_day: str, days: dict) -> str:
+        return self._mac("spend", bid, seq, head, total, from_day, days)
+
+    def _load_spend(self, cur: _Cursor, b: _BudgetRow) -> Optional[_Spend]:
+        """The budget's spend summary if it describes its current head; None when there is none
+        or it describes an older head. A summary whose MAC fails is an integrity error."""
+        bid = b.policy.budget_id
+        row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (SPEND_PREFIX + bid,))
+        if row is None:
+            return None
+        s = self._parse_spend(bid, row[0])
+        if s.seq != b.head_seq or s.hash != b.head_hash or s.total.MEASURE != b.policy.measure:
+            return None
+        return s
+
+    def _parse_spend(self, bid: str, text: str) -> _Spend:
+        try:
+            d = json.loads(text)
+            seq, head, total, from_day, days, mac = (
+                int(d["seq"]), str(d["hash"]), d["total"], str(d["from"]), d["days"], str(d["mac"]))
+            ok = hmac.compare_digest(mac, self._spend_mac(bid, seq, head, total, from_day, days))
+            if ok:
+                return _Spend(seq, head, budget_from_json(total), from_day,
+                              {str(k): budget_from_json(v) for k, v in days.items()})
+        except (TypeError, ValueError, KeyError, AttributeError, DpSparkError):
+            pass
+        raise LedgerIntegrityError(
+            f"ledger integrity check failed: budget {bid!r}: the spend summary was edited outside the ledger"
+        )
+
+    def _store_spend(self, cur: _Cursor, bid: str, s: _Spend) -> None:
+        total = s.total.to_json()
+        days = {k: v.to_json() for k, v in sorted(s.days.items())}
+        value = canonical({"seq": s.seq, "hash": s.hash, "total": total, "from": s.from_day, "days": days,
+                           "mac": self._spend_mac(bid, s.seq, s.hash, total, s.from_day, days)})
+        cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?) "
+              "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (SPEND_PREFIX + bid, value))
+
+    @staticmethod
+    def _spend_of(b: _BudgetRow, entries: Sequence[LedgerEntry], from_day: str) -> _Spend:
+        zero = MEASURES[b.policy.measure].zero()
+        total, days = zero, {}
+        for e in entries:
+            total = total + e.charge
+            d = _day(ts_text(e.created_at))
+            if d >= from_day:
+                days[d] = days.get(d, zero) + e.charge
+        return _Spend(b.head_seq, b.head_hash, total, from_day, days)
+
+    def _summary_spent(self, cur: _Cursor, b: _BudgetRow, s: _Spend, t: datetime) -> Optional[Budget]:
+        """Spent in the window at ``t`` from the summary, or None if it lacks the days needed."""
+        policy = b.policy
+        zero = MEASURES[policy.measure].zero()
+        start, end = policy.window.bounds(t)
+        if start is None:
+            return s.total
+        sd = _day(ts_text(start))
+        if sd < s.from_day:
+            return None
+        if policy.window.kind != "rolling":
+            ed = _day(ts_text(end))
+            return sum((v for d, v in s.days.items() if sd <= d < ed), zero)
+        # rolling: whole days from the start's day on (later ones too: a skewed clock cannot
+        # hide spend), less the entries of the start's day created before the start. Those are
+        # verified one by one: a forged or inflated one could only lower spent, so none is trusted.
+        spent = sum((v for d, v in s.days.items() if d >= sd), zero)
+        early = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? AND created_at >= ? "
+                      "AND created_at < ? ORDER BY seq", (policy.budget_id, sd + "T00:00:00.000000Z", ts_text(start)))
+        for r in early:
+            spent = spent - self._verified_entry(cur, b, r).charge
+        return spent
+
+    def _window_spent(self, cur: _Cursor, b: _BudgetRow, t: datetime) -> tuple[Budget, _Spend]:
+        """Spent in the window at ``t`` and the summary at the current head. From the stored
+        summary when it describes the head and covers the window (O(1)); otherwise the whole
+        chain is verified and the summary rebuilt from it."""
+        if b.head_seq == 0:
+            return MEASURES[b.policy.measure].zero(), _Spend(0, GENESIS, MEASURES[b.policy.measure].zero(),
+                                                             _horizon(b.policy, t), {})
+        s = self._load_spend(cur, b)
+        if s is not None:
+            spent = self._summary_spent(cur, b, s, t)
+            if spent is not None:
+                return spent, s
+        entries = self._verified_entries(cur, b)
+        return self._spent(b.policy, entries, t)[0], self._spend_of(b, entries, _horizon(b.policy, t))
+
+    def _spend_problems(self, cur: _Cursor, b: _BudgetRow, entries: Sequence[LedgerEntry]) -> list[str]:
+        """verify(): the summary's MAC, and its totals when it describes the head."""
+        bid = b.policy.budget_id
+        row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (SPEND_PREFIX + bid,))
+        if row is None:
+            return []
+        try:
+            s = self._parse_spend(bid, row[0])
+        except LedgerIntegrityError as exc:
+            return [str(exc).replace("ledger integrity check failed: ", "")]
+        if s.seq != b.head_seq or s.hash != b.head_hash:
+            return []  # describes an older head: ignored, rebuilt by the next reserve
+        want = self._spend_of(b, entries, s.from_day)
+        if s.total != want.total or dict(s.days) != dict(want.days):
+            return [f"budget {bid!r}: the spend summary does not match the entries"]
+        return []
 
     @staticmethod
     def _spent(policy: BudgetPolicy, entries: list[LedgerEntry], now: datetime) -> tuple[Budget, int]:
@@ -951,9 +1146,14 @@ class SqlLedger(Ledger):
         * reserved by ``owner_token``, or its lease expired -> taken over (new owner and
           lease), no second charge, reused=True;
         * reserved by another owner with a live lease -> ReleaseConflictError;
-        * otherwise, in one write transaction: verify the budget's chain, check the measure
-          (MeasureMismatchError), the per-release maximum (ReleaseLimitExceededError) and
-          spent + charge <= cap exactly (BudgetExceededError), then append at seq = last + 1.
+        * otherwise, in one write transaction: check the measure (MeasureMismatchError), the
+          per-release maximum (ReleaseLimitExceededError) and spent + charge <= cap exactly
+          (BudgetExceededError), then append at seq = last + 1 and update the spend summary.
+
+        Before anything else it verifies the budget row, the tail of the chain against its head
+        and the entry it acts on; ``spent`` comes from the MAC'd spend summary. All O(1) in the
+        number of entries (a missing or stale summary: the whole chain, once). :meth:`verify`
+        checks every entry.
         """
         _check_text(budget_id, "budget_id")
         _check_text(release_id, "release_id")
@@ -981,14 +1181,14 @@ class SqlLedger(Ledger):
             t = self._now(now)
             lease = ts_text(t + timedelta(seconds=lease_seconds))
             b = self._load_budget(cur, budget_id, lock=True)
-            entries = self._verified_entries(cur, b)
+            tail = self._verified_tail(cur, b)
             r = cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?" + self.for_update, (release_id,))
             if r is not None:
                 if r[0] != budget_id:
                     raise ReleaseConflictError(
                         f"release {release_id!r} is recorded under budget {r[0]!r}, not {budget_id!r}"
                     )
-                e = next(x for x in entries if x.release_id == release_id)
+                e = tail.get(release_id) or self._verified_entry(cur, b, r)
                 if e.state == "committed":
                     return Reservation(e, True)
                 if e.charge != charge:
@@ -1018,7 +1218,7 @@ class SqlLedger(Ledger):
                 raise MeasureMismatchError(
                     f"budget {budget_id!r} accounts in {policy.measure}; the release charges {charge.MEASURE}"
                 )
-            spent, _ = self._spent(policy, entries, t)
+            spent, summary = self._window_spent(cur, b, t)
             if policy.max_per_release is not None and not charge.fits_in(policy.max_per_release):
                 raise ReleaseLimitExceededError(budget_id, policy.max_per_release, spent, charge)
             if not (spent + charge).fits_in(policy.cap):
@@ -1039,6 +1239,11 @@ class SqlLedger(Ledger):
             )
             if n != 1:
                 raise _Retry()
+            keep = max(summary.from_day, _horizon(policy, t))
+            days = {d: v for d, v in summary.days.items() if d >= keep}
+            if _day(created) >= keep:
+                days[_day(created)] = days.get(_day(created), MEASURES[policy.measure].zero()) + charge
+            self._store_spend(cur, budget_id, _Spend(seq, rh, summary.total + charge, keep, days))
             return Reservation(self._entry((*row, rh, smac)), False)
 
         return self._run("reserve", fn, write=True)
@@ -1055,8 +1260,12 @@ class SqlLedger(Ledger):
             if r is None:
                 raise UnknownReleaseError(f"no ledger entry for release {release_id!r}: reserve it first")
             b = self._load_budget(cur, r[0], lock=True)
-            entries = self._verified_entries(cur, b)
-            e = next(x for x in entries if x.release_id == release_id)
+            tail = self._verified_tail(cur, b)
+            self._load_spend(cur, b)  # not needed to commit, but an edited summary refuses here too
+            e = tail.get(release_id)
+            if e is None:  # read again under the budget's lock
+                e = self._verified_entry(
+                    cur, b, cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?", (release_id,)))
             if e.state == "committed":
                 return e
             if e.owner_token != owner_token and e.lease_expires_at > t:
@@ -1079,7 +1288,9 @@ class SqlLedger(Ledger):
 
     # -- verification ----------------------------------------------------------------
     def verify(self, budget_id: Optional[str] = None) -> None:
-        """Check every budget row, entry chain, binding and the audit chain (or one budget).
+        """Check every budget row, entry chain, spend summary, binding and the audit chain
+        (or one budget's row, chain and summary). ``reserve``/``commit`` check only a chain's
+        tail and the entries they touch: this is what finds an edited old entry.
 
         Raises LedgerIntegrityError naming the budgets and sequence numbers that fail.
         """
@@ -1087,8 +1298,9 @@ class SqlLedger(Ledger):
             problems: list[str] = []
             if budget_id is not None:
                 b = self._load_budget(cur, budget_id, lock=False)
-                self._raise_problems(self._chain_problems(b, cur.q(
-                    f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq", (budget_id,)))[0])
+                problems, entries = self._chain_problems(b, cur.q(
+                    f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq", (budget_id,)))
+                self._raise_problems(problems + self._spend_problems(cur, b, entries))
                 return
             known = set()
             for row in cur.q(f"SELECT {BUDGET_COLS} FROM dp_budgets ORDER BY budget_id"):
@@ -1101,7 +1313,9 @@ class SqlLedger(Ledger):
                 known.add(b.policy.budget_id)
                 rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq",
                              (b.policy.budget_id,))
-                problems.extend(self._chain_problems(b, rows)[0])
+                chain, entries = self._chain_problems(b, rows)
+                problems.extend(chain)
+                problems.extend(self._spend_problems(cur, b, entries))
             for (bid,) in cur.q("SELECT DISTINCT budget_id FROM dp_entries"):
                 if bid not in known:
                     problems.append(f"entries of unregistered budget {bid!r}")
