@@ -1264,8 +1264,10 @@ class SqlLedger(Ledger):
             self._load_spend(cur, b)  # not needed to commit, but an edited summary refuses here too
             e = tail.get(release_id)
             if e is None:  # read again under the budget's lock
-                e = self._verified_entry(
-                    cur, b, cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?", (release_id,)))
+                row = cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?", (release_id,))
+                if row is None:
+                    self._raise_problems([f"release {release_id!r}: its entry vanished (deleted outside the ledger)"])
+                e = self._verified_entry(cur, b, row)
             if e.state == "committed":
                 return e
             if e.owner_token != owner_token and e.lease_expires_at > t:
