@@ -120,3 +120,29 @@ def test_greybox_one_heavy_unit_moves_every_partial_within_its_sensitivity(spark
         assert max(abs(x) for x in diff) <= sens.per_partition, comp.name
         moved += any(diff)
     assert moved == len(plan.components)  # the heavy unit is in the data and moves every component
+
+
+def test_python_api_publishes_through_the_same_engine(spark, warehouse):
+    import dp_spark.api as dp
+
+    from tests.unit.test_api import shipped_builder
+
+    # official: the built spec equals the pre-registered file, so it publishes and charges
+    eng = engine(spark, warehouse)
+    cells = shipped_builder().publish(eng)
+    assert cells.count() == 360
+    assert len(eng.ledger.entries("demo_events_user")) == 1
+    # official: a spec that is not pre-registered is refused before any charge
+    other = shipped_builder().where("order_value IS NOT NULL")
+    with pytest.raises(ConfigError, match="pre-register"):
+        other.publish(eng)
+    assert len(eng.ledger.entries("demo_events_user")) == 1
+    # exploration: charged to the exploration budget like any exploration release
+    ana = engine(spark, warehouse, principal="analyst_alice", mode="exploration")
+    pdf = (dp.release("explore_orders").on("demo_events")
+           .by(region=["region_01", "region_02"]).bounds(rows_per_unit=5)
+           .count("orders").mean("aov", "order_value", 0, 500)
+           .charge(rho=0.1, budget="demo_events_user")).publish(ana, as_pandas=True)
+    assert sorted(pdf["statistic"].unique()) == ["aov", "orders"] and len(pdf) == 4
+    assert (pdf["mode"] == "exploration").all()
+    assert len(eng.ledger.entries("demo_events_user")) == 2

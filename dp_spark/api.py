@@ -1,0 +1,285 @@
+"""A Python API for notebooks: build a multi-statistic release, plan it, publish it.
+
+::
+
+    import dp_spark.api as dp
+
+    rel = (dp.release("orders_by_day_region")
+             .on("demo_events", unit="user_id")
+             .by(day=dp.dates("2026-11-01", "2026-11-30"), region=["region_01", "region_02"])
+             .where("order_value IS NOT NULL AND region <> 'test'")
+             .bounds(rows_per_unit=10, partitions_per_unit=3, rows_per_partition=5)
+             .distinct_units("users").count("orders")
+             .sum("revenue", "order_value", 0, 500).mean("aov", "order_value", 0, 500)
+             .stddev("order_sd", "order_value", 0, 500).quantile("median_order", "order_value", 0.5, 0, 500)
+             .charge(rho=0.5, budget="demo_events_user"))
+    rel.plan()                    # per statistic: components, sensitivities, noise, expected errors; no data read
+    cells = rel.publish(engine)   # Spark DataFrame of the published cells (as_pandas=True for pandas)
+
+The builder makes exactly the YAML spec of ``docs/config.md`` (:meth:`ReleaseBuilder.to_dict`,
+:meth:`ReleaseBuilder.to_yaml`) and validates it with the same code
+(:func:`dp_spark.config.release_spec_from_dict`); :meth:`ReleaseBuilder.publish` goes through
+the same :class:`~dp_spark.engine.Engine` (governance, ledger, noise, Delta): nothing here can
+bypass the charge. In ``official`` mode the built spec must equal a spec file pre-registered
+under the access policy's ``releases_dir`` (write :meth:`to_yaml` there); in ``exploration``
+mode it is charged to the exploration budget like any exploration release.
+
+Nothing here imports pyspark until :meth:`ReleaseBuilder.publish`.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import date
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from dp_spark.errors import ConfigError
+
+__all__ = ["release", "dates", "ReleaseBuilder", "plan_table"]
+
+
+def dates(start: Union[str, date], end: Union[str, date]) -> dict[str, Any]:
+    """A public date key set from ``start`` to ``end`` (inclusive)."""
+    return {"dates": {"start": str(start), "end": str(end)}}
+
+
+def release(name: str) -> "ReleaseBuilder":
+    """Start a release spec named ``name`` (also its family, unless :meth:`ReleaseBuilder.family`)."""
+    return ReleaseBuilder(name)
+
+
+def _keys(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict) and set(value) <= {"values", "dates"}:
+        return value
+    if isinstance(value, (list, tuple)):
+        return {"values": list(value)}
+    raise ConfigError("public keys are a list of values or dp_spark.api.dates(start, end)")
+
+
+class ReleaseBuilder:
+    """Immutable-style builder: every call returns a new builder (safe to branch in notebooks)."""
+
+    def __init__(self, name: str, _data: Optional[dict] = None) -> None:
+        self._data: dict[str, Any] = _data if _data is not None else {
+            "name": name, "neighbouring": "add_remove_unit", "statistics": []}
+
+    def _with(self, **changes) -> "ReleaseBuilder":
+        d = copy.deepcopy(self._data)
+        d.update(changes)
+        return ReleaseBuilder(d["name"], d)
+
+    # -- what and whom ---------------------------------------------------------------------
+    def on(self, dataset: str, *, unit: str = "user_id", unit_kind: str = "user",
+           neighbouring: Optional[str] = None) -> "ReleaseBuilder":
+        """The logical dataset (a name of the env's ``datasets``) and its privacy unit."""
+        changes = {"dataset": dataset, "privacy_unit": {"kind": unit_kind, "column": unit}}
+        if neighbouring is not None:
+            changes["neighbouring"] = neighbouring
+        elif unit_kind == "event":
+            changes["neighbouring"] = "event"
+        return self._with(**changes)
+
+    def family(self, family: str) -> "ReleaseBuilder":
+        return self._with(family=family)
+
+    def describe(self, text: str) -> "ReleaseBuilder":
+        return self._with(description=text)
+
+    def by(self, *columns: str, **public_keys: Any) -> "ReleaseBuilder":
+        """Group-by columns, in order; every column needs its public keys, given here as a
+        keyword (``region=[...]``, ``day=dates(a, b)``) or by :meth:`keys`."""
+        order = list(columns) + [c for c in public_keys if c not in columns]
+        known = {g["column"]: g.get("public_keys") for g in self._data.get("group_by", [])}
+        known.update({c: _keys(v) for c, v in public_keys.items()})
+        return self._with(group_by=[{"column": c, "public_keys": known.get(c)} for c in order])
+
+    def keys(self, **public_keys: Any) -> "ReleaseBuilder":
+        """Public keys of group-by columns already named in :meth:`by`."""
+        gb = copy.deepcopy(self._data.get("group_by", []))
+        names = [g["column"] for g in gb]
+        for c, v in public_keys.items():
+            if c not in names:
+                raise ConfigError(f"keys(): '{c}' is not a group-by column (call by() first)")
+            gb[names.index(c)]["public_keys"] = _keys(v)
+        return self._with(group_by=gb)
+
+    def where(self, predicate: str) -> "ReleaseBuilder":
+        return self._with(where=predicate)
+
+    def columns(self, *columns: str) -> "ReleaseBuilder":
+        return self._with(columns=list(columns))
+
+    def bounds(self, *, rows_per_unit: int, partitions_per_unit: int = 1,
+               rows_per_partition: Optional[int] = None) -> "ReleaseBuilder":
+        b = {"max_rows_per_unit": rows_per_unit, "max_partitions_per_unit": partitions_per_unit}
+        if rows_per_partition is not None:
+            b["max_rows_per_partition"] = rows_per_partition
+        return self._with(bounds=b)
+
+    def confidence(self, level: float) -> "ReleaseBuilder":
+        return self._with(confidence=level)
+
+    def max_cells(self, n: int) -> "ReleaseBuilder":
+        return self._with(max_cells=n)
+
+    # -- statistics ------------------------------------------------------------------------
+    def statistic(self, name: str, kind: str, **fields: Any) -> "ReleaseBuilder":
+        """Any registered statistic kind with its fields (``docs/config.md``)."""
+        stats = copy.deepcopy(self._data["statistics"])
+        stats.append({"name": name, "kind": kind, **{k: v for k, v in fields.items() if v is not None}})
+        return self._with(statistics=stats)
+
+    def count(self, name: str = "count", **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "count", **opts)
+
+    def distinct_units(self, name: str = "units", **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "distinct_units", **opts)
+
+    def sum(self, name: str, column: str, lower, upper, **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "sum", column=column, lower=lower, upper=upper, **opts)
+
+    def mean(self, name: str, column: str, lower, upper, **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "mean", column=column, lower=lower, upper=upper, **opts)
+
+    def variance(self, name: str, column: str, lower, upper, **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "variance", column=column, lower=lower, upper=upper, **opts)
+
+    def stddev(self, name: str, column: str, lower, upper, **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "stddev", column=column, lower=lower, upper=upper, **opts)
+
+    def quantile(self, name: str, column: str, q: float, lower, upper, **opts) -> "ReleaseBuilder":
+        return self.statistic(name, "quantile", column=column, q=q, lower=lower, upper=upper, **opts)
+
+    # -- the charge ------------------------------------------------------------------------
+    def charge(self, *, budget: str, rho=None, epsilon=None) -> "ReleaseBuilder":
+        """The release's charge against ``budget``: ``rho`` (zCDP, discrete Gaussian) or
+        ``epsilon`` (pure DP, discrete Laplace)."""
+        if (rho is None) == (epsilon is None):
+            raise ConfigError("charge(): give exactly one of rho (zcdp) or epsilon (pure_dp)")
+        b = {"id": budget, "measure": "zcdp", "rho": rho} if rho is not None else \
+            {"id": budget, "measure": "pure_dp", "epsilon": epsilon}
+        return self._with(budget=b)
+
+    # -- the spec --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as the YAML of ``docs/config.md`` holds it."""
+        d = copy.deepcopy(self._data)
+        order = ["name", "family", "description", "dataset", "privacy_unit", "neighbouring", "where",
+                 "group_by", "bounds", "statistics", "budget", "confidence", "columns", "max_cells"]
+        return {k: d[k] for k in order if k in d}
+
+    def to_yaml(self, path: Union[str, Path, None] = None) -> str:
+        """The spec as YAML (written to ``path`` when given, e.g. to pre-register it)."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def spec(self, source: str = "<python api>"):
+        """The validated :class:`~dp_spark.config.ReleaseSpec` (same checks as a YAML file)."""
+        from dp_spark.config import release_spec_from_dict
+
+        for g in self._data.get("group_by", []):
+            if g.get("public_keys") is None:
+                raise ConfigError(f"{source}: group-by column '{g['column']}' has no public keys: "
+                                  "give them in by(...) or keys(...)")
+        return release_spec_from_dict(self.to_dict(), source=source)
+
+    def plan(self, *, group_size: Optional[int] = None, budget_policy=None):
+        """Per statistic, from public parameters only (no data read, nothing charged): its
+        components with their share of the charge, sensitivity, mechanism and noise scale, and
+        the expected error and interval half-width per cell at ``group_size`` rows (default:
+        the statistic's ``assumed_group_size``). See :func:`plan_table`."""
+        return plan_table(self.spec(), group_size=group_size, budget_policy=budget_policy)
+
+    def publish(self, engine, *, as_pandas: bool = False):
+        """Publish through ``engine`` (its mode, ledger, governance); returns the release's
+        cells as a Spark DataFrame (or pandas with ``as_pandas=True``). In official mode the
+        spec must be pre-registered under the access policy's ``releases_dir``."""
+        from dataclasses import replace
+
+        spec = self.spec()
+        if engine.mode == "official":
+            spec = replace(spec, source=str(_registered_path(spec, engine)))
+        result = engine.publish(spec)
+        if as_pandas:
+            import pandas as pd
+
+            return pd.DataFrame(list(result.rows))
+        from pyspark.sql import functions as F
+
+        return engine.spark.read.format("delta").load(result.table_path).where(
+            F.col("release_id") == result.release_id)
+
+
+def _registered_path(spec, engine) -> Path:
+    """The pre-registered spec file that this spec equals (by content hash)."""
+    from dp_spark.config import load_release_spec
+    from dp_spark.errors import DpSparkError
+
+    rdir = getattr(engine.access, "releases_dir", None)
+    if rdir is not None:
+        for p in sorted(Path(rdir).glob("*.y*ml")):
+            try:
+                if load_release_spec(p).version() == spec.version():
+                    return p
+            except DpSparkError:
+                continue
+    raise ConfigError(f"official mode: no spec file under the releases directory {rdir} has this release's "
+                      f"content (version {spec.version()}); pre-register it with builder.to_yaml(path) "
+                      "or publish in exploration mode")
+
+
+def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) -> list[dict[str, Any]]:
+    """The plan of a multi-statistic spec as rows (one per statistic): what ``dp-spark plan``
+    prints. Expected errors come from each kind's own post-processing at noiseless inputs of
+    ``group_size`` rows (mean at the statistic's ``assumed_mean``, else the midpoint), so they
+    are what the engine publishes in ``expected_abs_error`` for a cell of that size."""
+    from dp_spark.accountant import Accountant
+    from dp_spark.statistics.base import kind_of
+    from dp_spark.statistics.plan import plan_query
+
+    qp = plan_query(spec)
+    measure = spec.charge.MEASURE
+    delta = None if budget_policy is None else budget_policy.statement_delta
+    acc = Accountant(measure, statement_delta=delta) if delta is not None else None
+    statement = acc.statement(spec.charge) if acc is not None else None
+    rows = []
+    for stat, comps in zip(spec.statistics, qp.stat_components):
+        n = group_size or stat.option("assumed_group_size", 100)
+        noisy: dict = {}
+        for c in comps:
+            if c.kind in ("rows", "units"):
+                noisy[c] = Fraction(n)
+            elif c.kind == "sum":
+                m = stat.option("assumed_mean", c.clamp.midpoint)
+                noisy[c] = Fraction(n) * m
+            elif c.kind == "nsum":
+                m = stat.option("assumed_mean", c.clamp.midpoint)
+                noisy[c] = Fraction(n) * (m - c.clamp.midpoint)
+            elif c.kind == "nsumsq":
+                noisy[c] = Fraction(n) * (c.clamp.half_width ** 2 / 3 - c.clamp.half_width ** 2 / 2)  # uniform
+            elif c.kind == "hist":
+                noisy[c] = [Fraction(n, c.bins)] * c.bins  # uniform over the bins
+        plans = {c: qp.plan_of(c) for c in comps}
+        out = kind_of(stat.kind).finish(stat, noisy, plans, 1 - spec.confidence)
+        rows.append({
+            "statistic": stat.name, "kind": stat.kind,
+            "components": [c.name for c in comps],
+            "share_of_charge": [str(qp.fractions[qp.components.index(c)]) for c in comps],
+            "mechanism": plans[comps[0]].mechanism,
+            "sensitivity_l1": [str(plans[c].sensitivity.l1) for c in comps],
+            "sensitivity_l2": [plans[c].sensitivity.l2 for c in comps],
+            "noise_scale": [float(plans[c].scale * plans[c].grid_unit) for c in comps],
+            "group_size": n, "expected_abs_error": out["expected_abs_error"],
+            "interval_half_width": (out["ci_high"] - out["ci_low"]) / 2,
+            "cells": spec.cells,
+            "charge": spec.charge.to_json(),
+            "epsilon": None if statement is None else statement.get("epsilon"),
+            "delta": None if statement is None else statement.get("delta"),
+        })
+    return rows
