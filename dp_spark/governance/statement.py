@@ -202,6 +202,13 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         "on_exhausted": spec.on_exhausted.policy,
         "source": str(spec.source),
     }
+    if getattr(spec, "statistics", ()):
+        # the multi-statistic form: every statistic, every key column, the public filter
+        d["statistics"] = [s.canonical() for s in spec.statistics]
+        d["group_by"] = [{"column": k.column, "kind": k.kind, "cells": len(k.values),
+                          "first_key": k.values[0], "last_key": k.values[-1]} for k in spec.key_sets]
+        d["where"] = spec.where
+        d["key_tuples"] = spec.cells
     mgs = getattr(spec, "min_group_size", None)
     if mgs is not None:
         d["min_group_size"] = mgs.to_json() if hasattr(mgs, "to_json") else mgs
@@ -516,9 +523,19 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
     add("|---|---|---|---|---|---|---|---|")
     for q in d["queries"]:
         b = q["bounds"]
-        cells = 1 if q["group_by"] is None else f"{q['group_by']['cells']} by `{q['group_by']['column']}`"
-        clamp = "-" if q["clamp"] is None else f"[{q['clamp']['enforced'][0]}, {q['clamp']['enforced'][1]}]"
-        add(f"| {q['name']} | `{q['version']}` | {q['metric']} | {cells} | "
+        metric = q["metric"]
+        if isinstance(q["group_by"], list):  # multi-statistic form: key tuples x statistics
+            cells = " x ".join(f"{g['cells']} `{g['column']}`" for g in q["group_by"]) or "1"
+            metric = ", ".join(f"{st['name']} ({st['kind']})" for st in q["statistics"])
+            clamps = sorted({f"`{st['clamp']['column']}` [{st['clamp']['lower']}, {st['clamp']['upper']}]"
+                             for st in q["statistics"] if st["clamp"] is not None})
+            clamp = "; ".join(clamps) or "-"
+            if q.get("where"):
+                metric += " where " + q["where"].replace("|", "\\|")
+        else:
+            cells = 1 if q["group_by"] is None else f"{q['group_by']['cells']} by `{q['group_by']['column']}`"
+            clamp = "-" if q["clamp"] is None else f"[{q['clamp']['enforced'][0]}, {q['clamp']['enforced'][1]}]"
+        add(f"| {q['name']} | `{q['version']}` | {metric} | {cells} | "
             f"{b['max_rows_per_unit']}, {b['max_partitions_per_unit']}, {b['max_rows_per_partition'] or b['max_rows_per_unit']} | "
             f"{clamp} | {_b(q['charge_per_release'])} | {float(Fraction(q['confidence'])):g} |")
     add("")

@@ -52,6 +52,10 @@ def test_shipped_multi_statistic_release_one_entry_one_commit_then_cache_hit(spa
         assert 0 <= row["value"] <= 250
     for row in by_stat["median_order"]:
         assert 0 <= row["value"] <= 500
+    # the family's privacy statement describes every statistic and key column
+    env = load_env(warehouse)
+    md = (env.warehouse / "statements" / "orders_by_day_region.md").read_text()
+    assert "median_order (quantile)" in md and "30 `day` x 2 `region`" in md
     # a rerun is a cache hit that charges nothing and returns the same cells
     again = engine(spark, warehouse).publish(spec)
     assert again.status == "cache_hit" and again.charge is None
