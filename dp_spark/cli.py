@@ -117,7 +117,7 @@ def rollback_main(argv: Optional[Sequence[str]] = None) -> int:
         env = load_env(args.env)
         access = access_policy_for_env(env)
         spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
-        principal = resolve_principal(spark)
+        principal = resolve_principal(spark, env_name=env.name)
         with open_ledger(env.ledger_url) as ledger:
             withdrawn, restored = rollback_family(spark, env=env, family=args.family, principal=principal,
                                                   reason=args.reason, ledger=ledger, access=access)

@@ -365,6 +365,10 @@ class Engine:
             raise ConfigError("mode must be 'official' or 'exploration'")
         if refresh not in ("each", "deferred"):
             raise ConfigError("refresh must be 'each' or 'deferred'")
+        from dp_spark.governance.trust import require_trusted_components
+
+        # official: the env's ledger, OpenDP noise, the real clock, the platform's principal
+        require_trusted_components(mode, env.name, ledger=ledger, source=source, clock=clock, principal=principal)
         self.refresh = refresh
         self._pending_mirror = False
         self._pending_versions: list[tuple[str, str]] = []  # (family, release id), in order
@@ -379,7 +383,7 @@ class Engine:
         self.source = source or default_source()
         from dp_spark.governance.access import access_policy_for_env, resolve_principal
 
-        self.principal = principal or resolve_principal(spark)
+        self.principal = principal or resolve_principal(spark, env_name=env.name)
         self.access = access if access is not None else access_policy_for_env(env)
         self.clock = clock or (lambda: datetime.now(timezone.utc))
         self.mode = mode

@@ -47,6 +47,7 @@ audit log. Nothing here imports pyspark (the Spark session is only queried, lazi
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,7 @@ __all__ = [
     "authorize",
 ]
 
+_log = logging.getLogger("dp_spark.governance.access")
 PRINCIPAL_ENV = "DP_SPARK_PRINCIPAL"
 ROLES = ("analyst", "publisher", "admin")
 ACTIONS = ("publish", "rollback", "admin")
@@ -341,19 +343,31 @@ def _sql_current_user(spark) -> Optional[str]:
         return None
 
 
-def resolve_principal_with_source(spark=None, env: Mapping[str, str] = os.environ) -> tuple[str, str]:
+LOCAL_ENV_NAME = "local"
+
+
+def resolve_principal_with_source(spark=None, env: Mapping[str, str] = os.environ, *,
+                                  env_name: Optional[str] = None) -> tuple[str, str]:
     """(principal, source) where source is ``env``, ``notebook``, ``spark`` or ``os``.
 
-    Order: ``$DP_SPARK_PRINCIPAL`` (jobs declare their identity); in a Databricks notebook
+    ``$DP_SPARK_PRINCIPAL`` is honoured only on the ``local`` env (``env_name == "local"``,
+    a laptop, where jobs may declare their identity) and in tests (``DP_SPARK_TEST_MODE=1``
+    in ``env``); on every other env (and when ``env_name`` is not given) it is ignored: an
+    environment variable is set by whoever configures the job, so it cannot be an identity.
+    Then: in a Databricks notebook
     (``$DATABRICKS_RUNTIME_VERSION`` set) the notebook user (``spark.conf``
     ``spark.databricks.notebook.userName`` if present, else SQL ``current_user()``, which
     Databricks resolves to the notebook's user); else the Spark user
     (``sparkContext.sparkUser()``; on Spark Connect, which has no sparkContext, SQL
     ``current_user()``); else ``getpass.getuser()``. Every Spark call is guarded.
     """
-    p = _valid_principal(env.get(PRINCIPAL_ENV))
-    if p:
-        return p, "env"
+    declared = _valid_principal(env.get(PRINCIPAL_ENV))
+    if declared:
+        # tests (DP_SPARK_TEST_MODE=1, never set in production) may declare it on any env
+        if env_name == LOCAL_ENV_NAME or env.get("DP_SPARK_TEST_MODE") == "1":
+            return declared, "env"
+        _log.warning("$%s is ignored outside the %r env: the principal comes from the platform",
+                     PRINCIPAL_ENV, LOCAL_ENV_NAME)
     if spark is not None:
         if env.get("DATABRICKS_RUNTIME_VERSION"):
             try:
@@ -374,13 +388,14 @@ def resolve_principal_with_source(spark=None, env: Mapping[str, str] = os.enviro
     except Exception:
         p = None
     if not p:
-        raise PermissionDeniedError(f"no principal could be determined: set ${PRINCIPAL_ENV}")
+        how = f"set ${PRINCIPAL_ENV}" if env_name == LOCAL_ENV_NAME else "run it where Spark or the OS knows the user"
+        raise PermissionDeniedError(f"no principal could be determined: {how}")
     return p, "os"
 
 
-def resolve_principal(spark=None, env: Mapping[str, str] = os.environ) -> str:
+def resolve_principal(spark=None, env: Mapping[str, str] = os.environ, *, env_name: Optional[str] = None) -> str:
     """The principal running this job (see :func:`resolve_principal_with_source`)."""
-    return resolve_principal_with_source(spark, env)[0]
+    return resolve_principal_with_source(spark, env, env_name=env_name)[0]
 
 
 # --------------------------------------------------------------------------------------

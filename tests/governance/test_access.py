@@ -276,7 +276,9 @@ def test_resolve_principal_order(monkeypatch):
     import getpass
 
     monkeypatch.setattr(getpass, "getuser", lambda: "os_user")
-    assert resolve_principal_with_source(FakeSpark(user="spark_u"), {PRINCIPAL_ENV: "svc_job"}) == ("svc_job", "env")
+    # the env var is a declaration only on the local env
+    assert resolve_principal_with_source(FakeSpark(user="spark_u"), {PRINCIPAL_ENV: "svc_job"},
+                                         env_name="local") == ("svc_job", "env")
     db = {"DATABRICKS_RUNTIME_VERSION": "15.4"}
     assert resolve_principal_with_source(FakeSpark(user="root", conf={"spark.databricks.notebook.userName": "a@x.com"}),
                                          db) == ("a@x.com", "notebook")
@@ -285,7 +287,29 @@ def test_resolve_principal_order(monkeypatch):
     assert resolve_principal_with_source(FakeSpark(connect=True, sql_user="connect_u"), {}) == ("connect_u", "spark")
     assert resolve_principal_with_source(FakeSpark(connect=True), {}) == ("os_user", "os")
     assert resolve_principal(None, {}) == "os_user"
-    assert resolve_principal(None, {PRINCIPAL_ENV: "  "}) == "os_user"  # blank override ignored
+    assert resolve_principal(None, {PRINCIPAL_ENV: "  "}, env_name="local") == "os_user"  # blank override ignored
+
+
+def test_principal_env_var_ignored_outside_local(monkeypatch):
+    """On a cluster env the platform's user is the principal: $DP_SPARK_PRINCIPAL (set by
+    whoever configures the job) never is, on Databricks, on plain Spark, on Connect or
+    without Spark; on the local env it is honoured."""
+    import getpass
+
+    monkeypatch.setattr(getpass, "getuser", lambda: "os_user")
+    claim = {PRINCIPAL_ENV: "admin_carol"}
+    db = dict(claim, DATABRICKS_RUNTIME_VERSION="15.4")
+    for env_name in ("prod", "databricks", None):
+        assert resolve_principal_with_source(FakeSpark(user="root", sql_user="b@x.com"), db,
+                                             env_name=env_name) == ("b@x.com", "notebook")
+        assert resolve_principal_with_source(FakeSpark(user="spark_u"), claim, env_name=env_name) == ("spark_u", "spark")
+        assert resolve_principal_with_source(FakeSpark(connect=True, sql_user="connect_u"), claim,
+                                             env_name=env_name) == ("connect_u", "spark")
+        assert resolve_principal(None, claim, env_name=env_name) == "os_user"
+    assert resolve_principal(FakeSpark(user="spark_u"), claim, env_name="local") == "admin_carol"
+    # the test-only escape (CI sets it): tests may still declare a principal on their envs
+    assert resolve_principal(FakeSpark(user="spark_u"), dict(claim, DP_SPARK_TEST_MODE="1"),
+                             env_name="prod") == "admin_carol"
 
 
 def test_resolve_principal_real_session(spark):
