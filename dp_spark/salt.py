@@ -1,6 +1,9 @@
-"""The bounding salt: one secret per warehouse, created atomically on first use.
+"""The bounding salt: one per warehouse, confidential, created atomically on first use.
 
-The salt keys the bottom-K priority of contribution bounding (``salt_file`` in the env), so
+The salt keys the bottom-K priority of contribution bounding (``salt_file`` in the env). The
+DP guarantee does not depend on it being secret; its confidentiality only keeps the kept
+sample uniform against someone who chooses data (see
+:func:`dp_spark.transforms.bounding.bound_contributions`, which keeps it out of Spark plans), so
 every run of a dataset must read the same one, and several drivers may start at once on a
 fresh warehouse. Creation is therefore all-or-nothing, like the ledger's key file: a fresh
 salt is written to a temporary file in the same directory (mode 0600), fsynced, and
@@ -26,7 +29,7 @@ from typing import Optional, Union
 
 from dp_spark.errors import ConfigError
 
-__all__ = ["read_or_create_salt", "SALT_WAIT_SECONDS", "MIN_SALT_CHARS"]
+__all__ = ["read_or_create_salt", "read_salt", "SALT_WAIT_SECONDS", "MIN_SALT_CHARS"]
 
 SALT_BYTES = 32  # a fresh salt: 64 hex characters
 MIN_SALT_CHARS = 32  # a salt file must hold at least this many characters (128 bits of hex)
@@ -63,6 +66,18 @@ def read_or_create_salt(path: Union[str, Path], *, wait_seconds: float = SALT_WA
             )
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+def read_salt(path: Union[str, Path], *, wait_seconds: float = SALT_WAIT_SECONDS) -> Optional[str]:
+    """The salt stored at ``path``, or None when there is none yet: nothing is created.
+
+    The engine validates a release with this (and a provisional salt when there is none), so a
+    refused release leaves no salt file behind; :func:`read_or_create_salt` runs only once
+    the release is known to be valid. A malformed salt file is refused as there.
+    """
+    if _read(Path(path)) is None:
+        return None
+    return read_or_create_salt(path, wait_seconds=wait_seconds)
 
 
 def _read(path: Path) -> Optional[str]:

@@ -131,6 +131,16 @@ def _type_name(dt: T.DataType) -> str:
     return dt.simpleString()
 
 
+_SALT_COL = "__dp_salt"
+
+
+def _salt_frame(df: DataFrame, salt: str) -> DataFrame:
+    """A one-row DataFrame holding the salt, on ``df``'s own session: joined instead of a
+    ``F.lit(salt)``, so the salt is a value of the data and never appears in a query plan."""
+    schema = T.StructType([T.StructField(_SALT_COL, T.StringType(), False)])
+    return df.sparkSession.createDataFrame([(salt,)], schema)
+
+
 # --------------------------------------------------------------------------- selection
 
 
@@ -361,6 +371,13 @@ def bound_contributions(
     uniform sample without replacement of the unit's distinct rows (no bias towards early
     events, small ids, ...). ``F.rand()`` is never used.
 
+    The salt is kept out of the query plan: it is never a literal. It reaches the executors as
+    the one value of a one-row DataFrame (column ``__dp_salt``) cross-joined by broadcast, so
+    ``EXPLAIN`` in every mode, the Spark UI's SQL tab and the event log's plan descriptions
+    show ``xxhash64(__dp_salt#n, row, ...)`` and never the salt itself (tested). The priorities
+    are the same numbers as with ``F.lit(salt)``. The salt is *not* hidden from whoever can
+    run code on the cluster or read the salt file; see "Privacy contract" for what it protects.
+
     Steps 1 and 2 commute (which partitions a unit keeps does not depend on its rows), so the
     order only matters for K. Spark plans each ``rank <= n`` filter as a ``WindowGroupLimit``;
     the first one runs partially before the shuffle, so a unit with 10^6 rows ships only the
@@ -386,8 +403,15 @@ def bound_contributions(
     rows unchanged and changes the output by at most min(K, L0 * Linf) rows, in at most L0
     partitions, at most Linf of them in any one partition. These are the bounds from which
     :mod:`dp_spark.units` derives sensitivities (count: L1 = min(K, L0*Linf), per-partition
-    Linf; sums: times max(|L|, |U|) after clamping). The salt only hides which rows are kept;
-    DP does not rely on it being secret, but it should be a secret, per-release value.
+    Linf; sums: times max(|L|, |U|) after clamping).
+
+    The DP guarantee does not depend on the salt: for *any* fixed salt, bounding is a per-unit
+    (stable) transformation, so the sensitivities above hold even for someone who knows it.
+    What the salt's confidentiality buys is only the *uniformity* of the sample against an
+    adversary who chooses the data: whoever knows the salt can craft rows that are always
+    (or never) among a unit's kept K, biasing the statistic (not its privacy). Hence it is
+    kept out of plans and logs (above) and in a 0600 file (:mod:`dp_spark.salt`), one per
+    warehouse; it is not a key whose disclosure breaks the guarantee.
     """
     if not isinstance(salt, str) or not salt:
         raise ConfigError("salt must be a non-empty string")
@@ -425,9 +449,12 @@ def bound_contributions(
     unit = _col(unit_col)
     row_prio = "__dp_row_prio"
     tie_break = [_col(c).asc_nulls_first() for c in original]
-    # schema: input + __dp_row_prio: long
-    out = df.withColumn(
-        row_prio, F.xxhash64(F.lit(salt), F.lit("row"), *[_col(c) for c in original])
+    # schema: input + __dp_salt: string (one broadcast row: the salt is data, never a literal
+    # of the plan) + __dp_row_prio: long
+    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
+    salt_col = F.col(_SALT_COL)
+    out = out.withColumn(
+        row_prio, F.xxhash64(salt_col, F.lit("row"), *[_col(c) for c in original])
     )
     row_order = [F.col(row_prio).asc(), *tie_break]
 
@@ -451,7 +478,7 @@ def bound_contributions(
         w = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first(), *row_order)
         # schema: + __dp_part_prio: long, __dp_rank_unit: int; at most `limit` rows per unit
         out = out.withColumn(
-            part_prio, F.xxhash64(F.lit(salt), F.lit("partition"), unit, part)
+            part_prio, F.xxhash64(salt_col, F.lit("partition"), unit, part)
         ).withColumn("__dp_rank_unit", F.row_number().over(w)).where(F.col("__dp_rank_unit") <= limit)
         # schema: + __dp_first_part; a second window over the same (already sorted) order,
         # after the filter, so the first one keeps its partial top-k before the shuffle
@@ -463,7 +490,7 @@ def bound_contributions(
         part_prio = "__dp_part_prio"
         # schema: + __dp_part_prio: long
         out = out.withColumn(
-            part_prio, F.xxhash64(F.lit(salt), F.lit("partition"), unit, part)
+            part_prio, F.xxhash64(salt_col, F.lit("partition"), unit, part)
         )
         w0 = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first())
         # schema: + __dp_rank_part: int; keep the unit's L0 partitions of smallest priority

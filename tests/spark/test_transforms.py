@@ -589,3 +589,43 @@ def test_clamp_validates_parameters(spark):
         clamp_to_fixed_point(df, **{**kw, "out_col": ""})
     # An engine-internal output column may use the reserved prefix.
     assert clamp_to_fixed_point(df, **{**kw, "out_col": "__dp_fx"}).columns == ["v", "__dp_fx"]
+
+
+# --------------------------------------------------------------------------- the salt stays out of plans
+
+PLAN_SALT = "5a1t0f7e5f0ba5ed0e11ad0d0c0ffee042"  # distinctive: any occurrence in a plan is the salt
+
+
+def _all_explain_modes(df) -> str:
+    jvm = df.sparkSession._jvm
+    mode = jvm.org.apache.spark.sql.execution.ExplainMode
+    qe = df._jdf.queryExecution()
+    return "\n".join(qe.explainString(mode.fromString(m)) for m in ("simple", "extended", "codegen", "cost",
+                                                                       "formatted"))
+
+
+@pytest.mark.parametrize("partition_col,l0,linf,k", [
+    (None, None, None, 3),       # one window per unit
+    ("day", 1, 2, 2),            # one partition per unit: one window
+    ("day", 2, 2, 3),            # L0, Linf and K windows
+])
+def test_salt_never_appears_in_the_plan(spark, partition_col, l0, linf, k):
+    """The salt is a value of a broadcast one-row DataFrame, not a literal: no EXPLAIN mode (the
+    text the Spark UI and the event log show) contains it, before or after execution, and the
+    rows kept are exactly those of the literal-salt definition."""
+    df = _grid(spark, units=6, days=3, rows_per_cell=3)
+    out = bound_contributions(df, unit_col="unit", partition_col=partition_col, max_partitions_per_unit=l0,
+                              max_rows_per_partition=linf, max_rows_per_unit=k, salt=PLAN_SALT)
+    assert PLAN_SALT not in _all_explain_modes(out)
+    assert "__dp_salt" in _explain(out)  # the priority reads the joined column
+    out.collect()
+    assert PLAN_SALT not in _all_explain_modes(out)  # the final adaptive plan neither
+    if partition_col is not None:
+        want = _three_window_oracle(df, unit_col="unit", partition_col="day", l0=l0, linf=linf, k=k, salt=PLAN_SALT)
+    else:
+        w = Window.partitionBy("unit").orderBy(
+            F.xxhash64(F.lit(PLAN_SALT), F.lit("row"), *[F.col(c) for c in df.columns]).asc(),
+            *[F.col(c).asc_nulls_first() for c in df.columns])
+        want = df.withColumn("r", F.row_number().over(w)).where(F.col("r") <= k).drop("r")
+    assert_df_equality(out, want, ignore_row_order=True)
+    assert out.columns == df.columns
