@@ -22,10 +22,18 @@ Two tools:
    the two is smallest *for that data*; the data of a production release must not be used
    to choose its own bounds unless the choice itself is DP (tool 2).
 
+   It returns exact (non-DP) values of the data it is given, so it runs only in tests
+   (``DP_SPARK_TEST_MODE=1``, on synthetic data); outside them it refuses
+   (:class:`~dp_spark.errors.TestModeError`).
+
 2. :func:`dp_quantile`: a differentially private quantile over a PUBLIC candidate grid, to
-   choose U (or K) from the data at a stated cost. It returns the chosen candidate with the
-   event and the charge to record; it does not touch the ledger (the caller charges it like
-   any release).
+   choose U (or K) from the data at a stated cost. With ``engine=`` and ``budget_id=`` it goes
+   through the ledger like a release: the engine's principal must be allowed to explore that
+   budget (audited refusal otherwise), the charge is reserved BEFORE any noise is drawn (a
+   refused charge draws nothing), drawn from the engine's noise source, committed, and audited
+   (family ``dp_quantile``; every call is a new release: a rerun is a new draw and a new
+   charge). Without an engine it charges nothing and therefore runs only in tests
+   (``DP_SPARK_TEST_MODE=1``).
 
    Mechanism: report noisy max over integer rank scores with discrete Laplace noise drawn by
    the engine's exact sampler. An exponential mechanism via "report noisy max with Gumbel
@@ -146,6 +154,11 @@ def bias_variance_table(spec: ReleaseSpec, per_unit_values: Iterable[Sequence[fl
     (E[bounded]), bias, bias_sq, noise_variance, sampling_variance, variance, rmse,
     relative_rmse, bias_share (bias^2 / MSE), publishable (False).
     """
+    from dp_spark.governance.trust import require_test_mode
+
+    require_test_mode("bias_variance_table (exact, non-DP values of the data it is given)",
+                      "run it in tests on synthetic data; choose a bound from protected data with "
+                      "dp_quantile(..., engine=Engine(env, mode='exploration'), budget_id=...), which is charged")
     if spec.metric not in ("count", "sum", "mean"):
         raise ConfigError("bias_variance_table handles count, sum and mean specs "
                           "(a distinct-unit count's bound is L0, not K or U)")
@@ -212,8 +225,8 @@ class DpQuantile:
     """The DP choice of a quantile over a public grid, and what it costs.
 
     ``value`` is the chosen candidate (the only data-dependent output); ``charge`` is the
-    budget to record in the spec's measure, ``event`` the DP event for the ledger. Nothing
-    was charged by this function.
+    budget in the budget's measure, ``event`` the DP event. ``release_id`` is the ledger entry
+    that charged it (None: test mode, nothing charged).
     """
 
     value: float
@@ -225,6 +238,7 @@ class DpQuantile:
     candidates: tuple[float, ...]
     score_sensitivity: int
     note: str = ""
+    release_id: Optional[str] = None
 
 
 def candidate_grid(lower: float, upper: float, n: int = 64, *, geometric: bool = True) -> list[float]:
@@ -254,7 +268,7 @@ def _epsilon_of(budget: Union[Budget, Any]) -> tuple[Fraction, str]:
 def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence[float], quantile: Any,
                 budget: Union[Budget, float, str, Fraction], *, max_rows_per_unit: int,
                 relation: Union[Neighbouring, str] = Neighbouring.ADD_REMOVE_UNIT,
-                source=None) -> DpQuantile:
+                source=None, engine=None, budget_id: Optional[str] = None) -> DpQuantile:
     """An epsilon-DP choice of the ``quantile`` of the rows' values among public ``candidates``.
 
     * ``per_unit_values``: the values of each unit's rows; each unit is truncated to its first
@@ -263,7 +277,13 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     * ``quantile``: q in (0, 1), read exactly (0.99 is 99/100);
     * ``budget``: ``PureDP(epsilon)`` (or a number: epsilon), or ``ZCDP(rho)``: then
       epsilon = sqrt(2 rho) rounded down to a rational and the charge is ZCDP(epsilon^2/2);
-    * ``source``: the noise source (default: the production sampler).
+    * ``engine`` and ``budget_id``: charge the choice through ``engine``'s ledger to budget
+      ``budget_id`` (declared in the env's policies; the engine's principal needs
+      ``publish:exploration`` on it). Reserve before drawing, commit after, one audit row;
+      the noise comes from ``engine.source``. Without them nothing is charged and the call
+      is refused outside test mode (``DP_SPARK_TEST_MODE=1``);
+    * ``source``: the noise source, tests only (default: the engine's, else the production
+      sampler).
 
     Privacy contract: (report noisy max theorem in the module docstring) the output index is
     epsilon-DP under ``relation`` for units contributing at most ``max_rows_per_unit`` rows
@@ -272,11 +292,20 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     ``sensitivity`` = 2 * Delta and the scale used, so the accountant prices it at exactly
     epsilon (its L1-sensitivity field carries the 2 Delta of the theorem, not the L1 norm of
     the score vector, which report-noisy-max does not need); ``cells`` = 1 (one released
-    value). Charge it in the ledger like any release.
+    value).
     """
     from dp_spark.events import NoiseEvent
+    from dp_spark.governance.trust import require_test_mode
     from dp_spark.mechanisms.samplers import default_source
     from dp_spark.units import as_relation
+
+    if engine is None:
+        require_test_mode("dp_quantile without engine= and budget_id= (a draw on data with no ledger charge)",
+                          "pass engine=Engine(env, mode='exploration') and budget_id= so the choice is charged")
+    elif not budget_id:
+        raise ConfigError("dp_quantile(engine=...) needs the budget_id it charges")
+    if source is not None:
+        require_test_mode(f"dp_quantile(source={type(source).__name__})", "omit source: the engine's is used")
 
     cands = [float(c) for c in candidates]
     if len(cands) < 2 or any(not math.isfinite(c) for c in cands) or sorted(cands) != cands:
@@ -296,6 +325,13 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     scale = Fraction(2 * delta) / eps
 
     # data: each unit truncated to its first K values (a per-unit function), NaN/null dropped
+    event = NoiseEvent("discrete_laplace", "dp_quantile", scale, sensitivity=Fraction(2 * delta), cells=1)
+    cost = event.natural_cost()  # PureDP(eps), exact
+    charge: Budget = cost if measure == "pure_dp" else ZCDP(cost.epsilon ** 2 / 2)
+    charged = None if engine is None else _reserve_quantile(engine, budget_id, charge, event)
+    if source is None and engine is not None:
+        source = engine.source
+
     rows = np.sort(np.concatenate([np.asarray(_clean(v)[:k], dtype=float) for v in per_unit_values] or [np.array([])]))
     n = int(rows.size)
     below = np.searchsorted(rows, np.asarray(cands), side="left")  # rows with value < c_j
@@ -304,13 +340,58 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     noise = src.discrete_laplace(scale, len(cands))
     noisy = [s + z for s, z in zip(scores, noise)]
     best = max(range(len(cands)), key=lambda j: (noisy[j], -j))  # ties: lowest index
-    event = NoiseEvent("discrete_laplace", "dp_quantile", scale, sensitivity=Fraction(2 * delta), cells=1)
-    cost = event.natural_cost()  # PureDP(eps), exact
-    charge: Budget = cost if measure == "pure_dp" else ZCDP(cost.epsilon ** 2 / 2)
     del rows, below, scores, noisy  # nothing data-dependent leaves but the index
+    if charged is not None:
+        _commit_quantile(engine, budget_id, charge, *charged)
     return DpQuantile(value=cands[best], index=best, quantile=q, epsilon=cost.epsilon, charge=charge,
                       event=event, candidates=tuple(cands), score_sensitivity=delta,
-                      note="report noisy max, discrete Laplace(2*Delta/epsilon) on integer rank scores")
+                      note="report noisy max, discrete Laplace(2*Delta/epsilon) on integer rank scores",
+                      release_id=None if charged is None else charged[0])
+
+
+QUANTILE_FAMILY = "dp_quantile"
+
+
+def _reserve_quantile(engine, budget_id: str, charge: Budget, event) -> tuple[str, str]:
+    """Authorise (exploration on ``budget_id``), register the budget and reserve the charge,
+    before any noise is drawn. Returns (release id, owner token)."""
+    import secrets as _secrets
+
+    from dp_spark import __version__
+    from dp_spark.events import canonical_json
+    from dp_spark.governance.access import authorize
+
+    ledger = engine.ledger
+    authorize(engine.access, engine.principal, "publish", mode="exploration", budget_id=budget_id, ledger=ledger,
+              spec_name=QUANTILE_FAMILY)
+    if budget_id not in engine.policies:
+        raise ConfigError(f"budget {budget_id!r} is not declared in {engine.env.policies}")
+    ledger.register_budget(engine.policies[budget_id])
+    release_id = f"dpq-{_secrets.token_hex(14)}"  # every call is a new draw: a new release
+    owner = _secrets.token_hex(16)
+    try:
+        ledger.reserve(budget_id, release_id, charge, canonical_json(event), principal=engine.principal,
+                       code_version=__version__, release_family=QUANTILE_FAMILY, owner_token=owner,
+                       lease_seconds=engine.env.lease_seconds)
+    except Exception as exc:
+        from dp_spark.errors import BudgetExceededError
+
+        if isinstance(exc, BudgetExceededError):
+            ledger.append_audit(principal=engine.principal, action="publish:exploration", spec_name=QUANTILE_FAMILY,
+                                spec_version=None, decision="refused_budget", release_id=None, charge_json=None,
+                                detail=f"dp_quantile on budget {budget_id}")
+        raise
+    return release_id, owner
+
+
+def _commit_quantile(engine, budget_id: str, charge: Budget, release_id: str, owner: str) -> None:
+    import json as _json
+
+    engine.ledger.commit(release_id, owner)
+    engine.ledger.append_audit(principal=engine.principal, action="publish:exploration", spec_name=QUANTILE_FAMILY,
+                               spec_version=None, decision="published", release_id=release_id,
+                               charge_json=_json.dumps(charge.to_json(), sort_keys=True),
+                               detail=f"dp_quantile on budget {budget_id}")
 
 
 def _clean(values: Sequence[Any]) -> list[float]:

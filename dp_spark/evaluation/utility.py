@@ -1,6 +1,9 @@
 """Utility evaluation on synthetic or held-out data: error, coverage, error by group size, bias.
 
-EXPLORATION ONLY. This module reads *true* values (exact partials and the unbounded truth) and
+EXPLORATION ONLY. The helpers that read a DataFrame (:func:`exact_partials`,
+:func:`unbounded_truth`) return exact, non-DP values and are refused outside tests
+(``DP_SPARK_TEST_MODE=1``; :class:`~dp_spark.errors.TestModeError`): run them on synthetic data.
+This module reads *true* values (exact partials and the unbounded truth) and
 reports errors against them; its outputs are not differentially private and are marked
 ``publishable: False``. Run it on synthetic or held-out evaluation data, never to decide what
 to publish from the production data itself.
@@ -164,6 +167,11 @@ def exact_partials(df, spec: ReleaseSpec, *, salt: Optional[str] = None) -> dict
     the distribution of what is kept does not. Returns driver-memory exact values: exploration
     only, never log or publish them.
     """
+    from dp_spark.governance.trust import require_test_mode
+
+    require_test_mode("exact_partials (exact, non-DP partials of a DataFrame)",
+                      "evaluate on synthetic data (synthetic_partials) in tests; a release of "
+                      "protected data goes through Engine.publish, which is charged")
     from dp_spark.aggregations import collect_partials
     from dp_spark.engine import build_partials
 
@@ -179,6 +187,11 @@ def unbounded_truth(df, spec: ReleaseSpec) -> dict[str, dict[str, Any]]:
     key -> {"rows", "units"[, "sum"]}: rows and distinct units with a non-null unit id among
     the public keys; the sum of the non-null, non-NaN values. Exploration only.
     """
+    from dp_spark.governance.trust import require_test_mode
+
+    require_test_mode("unbounded_truth (exact, non-DP aggregates of a DataFrame)",
+                      "evaluate on synthetic data (synthetic_partials) in tests; a release of "
+                      "protected data goes through Engine.publish, which is charged")
     from pyspark.sql import functions as F
 
     unit = spec.unit.column

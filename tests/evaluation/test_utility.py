@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from fractions import Fraction
 
 import numpy as np
@@ -304,3 +305,68 @@ def test_dp_quantile_concentrates_near_the_true_quantile():
     src = SeededNoiseSource(12)
     picks = [dp_quantile(units, cands, 0.9, PureDP(1), max_rows_per_unit=1, source=src).value for _ in range(30)]
     assert np.median(picks) == pytest.approx(9000, abs=500)
+
+
+# --------------------------------------------------------------------------------------
+# Trust (issue 13, item 14): a draw on data is charged, an exact value is test-only
+# --------------------------------------------------------------------------------------
+def _quantile_engine(tmp_path, principal):
+    from dp_spark.config import env_from_dict
+    from dp_spark.engine import Engine
+    from dp_spark.governance.access import access_policy_from_dict
+    from dp_spark.ledger import open_ledger
+
+    root = Path(__file__).resolve().parents[2]
+    env = env_from_dict({"name": "prod", "warehouse": str(tmp_path / "wh"), "datasets": {},
+                         "policies": str(root / "conf/policies/budgets.yaml")}, root=tmp_path)
+    access = access_policy_from_dict({"version": 1, "releases_dir": str(tmp_path), "principals": {
+        "analyst_alice": {"roles": ["analyst"], "exploration_budgets": ["demo_events_user_pure"]},
+        "publisher_bob": {"roles": ["publisher"]}}})
+    ledger = open_ledger(f"sqlite:{tmp_path}/ledger.db", key=b"quantile-test-key-0123456789")
+    return Engine(env, spark=object(), ledger=ledger, principal=principal, access=access, mode="exploration"), ledger
+
+
+def test_dp_quantile_with_an_engine_is_charged_and_audited(tmp_path):
+    from dp_spark.budget import PureDP
+    from dp_spark.errors import PermissionDeniedError
+
+    units = [[float(v)] for v in range(1, 2001)]
+    cands = [float(c) for c in range(100, 2001, 100)]
+    eng, led = _quantile_engine(tmp_path, "analyst_alice")
+    res = dp_quantile(units, cands, 0.5, PureDP(Fraction(1, 2)), max_rows_per_unit=1, engine=eng,
+                      budget_id="demo_events_user_pure")
+    (entry,) = led.entries("demo_events_user_pure")
+    assert entry.release_id == res.release_id and entry.state == "committed"
+    assert entry.charge == PureDP(Fraction(1, 2)) and entry.release_family == "dp_quantile"
+    assert entry.principal == "analyst_alice"
+    last = led.audit_rows(limit=1)[0]
+    assert (last.decision, last.release_id, last.action) == ("published", res.release_id, "publish:exploration")
+    # a second call is a second release, a second charge
+    dp_quantile(units, cands, 0.5, PureDP(Fraction(1, 2)), max_rows_per_unit=1, engine=eng,
+                budget_id="demo_events_user_pure")
+    assert len(led.entries("demo_events_user_pure")) == 2
+
+    # a principal who may not explore that budget: refused (audited) before any charge
+    eng2, led2 = _quantile_engine(tmp_path / "b", "publisher_bob")
+    with pytest.raises(PermissionDeniedError):
+        dp_quantile(units, cands, 0.5, PureDP(1), max_rows_per_unit=1, engine=eng2, budget_id="demo_events_user_pure")
+    assert led2.audit_rows()[-1].decision == "refused_permission"
+    assert led2.budget_ids() == [] or led2.entries("demo_events_user_pure") == []
+
+
+def test_dp_quantile_refuses_an_uncharged_draw_outside_test_mode(monkeypatch, tmp_path):
+    from dp_spark.budget import PureDP
+    from dp_spark.errors import TestModeError
+
+    units = [[1.0], [2.0], [3.0]]
+    monkeypatch.delenv("DP_SPARK_TEST_MODE", raising=False)
+    with pytest.raises(TestModeError, match="engine="):
+        dp_quantile(units, [1.0, 2.0, 3.0], 0.5, PureDP(1), max_rows_per_unit=1)
+    with pytest.raises(TestModeError):
+        bias_variance_table(None, units, ks=[1])
+    from dp_spark.evaluation.utility import exact_partials, unbounded_truth
+
+    with pytest.raises(TestModeError):
+        exact_partials(None, None)
+    with pytest.raises(TestModeError):
+        unbounded_truth(None, None)
