@@ -1,7 +1,7 @@
 """Full dp_spark release vs plain Spark of the same metrics, side by side in one run.
 
     .venv/bin/python benchmarks/release_vs_plain.py [--sizes 2000000,20000000] [--reps 3]
-        [--layout time|user]
+        [--layout time|user] [--case aov|multi|multi_day_region]
 
 Data: the demo generator with n/10 users and a mean of 10 rows per user (the issue's 200k users
 for 2M rows, 2M users for 20M), 20 regions, 30 days. ``--layout time`` (default) stores the
@@ -17,6 +17,11 @@ event_id (a layout that flatters (a): its window sorts presorted input).
     the Delta write (an idempotent append keyed by the release id); then, printed beside it,
 (c) the same plus ``Engine.finish()``: the version record (``_published``), the ledger's Delta
     mirror and the privacy statement, i.e. the whole one-release job.
+
+``--case multi``: ONE multi-statistic release (distinct users, orders, revenue and mean order
+value per region; K = 5 rows per user, clamp [0, 500], no L0 or Linf limit, so users count in
+every region they have rows in) against plain Spark computing the same four aggregates with the
+same K-row truncation. ``--case multi_day_region``: the same per day x region (600 key tuples).
 
 Each repetition rebuilds its DataFrames from the Delta table (no reuse of shuffle files) and
 (b)/(c) publish a new release (a new spec name, so a new release id and a real charge).
@@ -57,6 +62,8 @@ def main() -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--layout", choices=("time", "user"), default="time",
                     help="row order of the input table (see the module docstring)")
+    ap.add_argument("--case", choices=("aov", "multi", "multi_day_region"), default="aov",
+                    help="the release measured (see the module docstring)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
@@ -74,6 +81,20 @@ def main() -> int:
     (work / "releases").mkdir(parents=True, exist_ok=True)
     aov = yaml.safe_load((ROOT / "conf/releases/aov_by_region.yaml").read_text())
     K, lo, hi = aov["bounds"]["max_rows_per_unit"], aov["value"]["lower"], aov["value"]["upper"]
+    keys = ["region"] if args.case != "multi_day_region" else ["day", "region"]
+    if args.case != "aov":
+        K = 5
+        regions = [f"region_{i:02d}" for i in range(1, 21)]
+        group_by = [{"column": "region", "public_keys": {"values": regions}}]
+        if args.case == "multi_day_region":
+            group_by.insert(0, {"column": "day", "public_keys": {"dates": {"start": "2026-11-01",
+                                                                             "end": "2026-11-30"}}})
+        value = {"column": "order_value", "lower": lo, "upper": hi}
+        aov = {"privacy_unit": {"kind": "user", "column": "user_id"}, "group_by": group_by,
+               "bounds": {"max_rows_per_unit": K, "max_partitions_per_unit": 600},
+               "statistics": [{"name": "users", "kind": "distinct_units"}, {"name": "orders", "kind": "count"},
+                              dict(value, name="revenue", kind="sum"), dict(value, name="aov", kind="mean")],
+               "max_cells": 3000}
     policies = work / "budgets.yaml"
     policies.write_text(yaml.safe_dump({"version": 1, "budgets": {"bench": {
         "dataset": "bench_events", "privacy_unit": "user", "measure": "zcdp",
@@ -108,7 +129,10 @@ def main() -> int:
             w = Window.partitionBy("user_id").orderBy("event_id")
             df = df.withColumn("rn", F.row_number().over(w)).where(F.col("rn") <= K)
             v = F.least(F.greatest(F.col("order_value"), F.lit(lo)), F.lit(hi))
-            return df.groupBy("region").agg(F.countDistinct("user_id"), F.sum(v), F.avg(v)).collect()
+            if args.case == "aov":
+                return df.groupBy("region").agg(F.countDistinct("user_id"), F.sum(v), F.avg(v)).collect()
+            return df.groupBy(*keys).agg(F.countDistinct("user_id"), F.count(F.lit(1)), F.sum(v),
+                                         F.avg(v)).collect()
 
         def dp(i, full=False):
             d = dict(aov, name=f"aov_bench_{n}_{i + 1}", family="aov_bench", dataset="bench_events",
@@ -132,7 +156,7 @@ def main() -> int:
             t0 = time.monotonic(); dp(100 + i, full=True); tc.append(time.monotonic() - t0)
         a, b, c = statistics.median(ta), statistics.median(tb), statistics.median(tc)
         results[n] = (a, b)
-        print(f"rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
+        print(f"case={args.case} rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
               f"{b:.2f}s  ratio b/a={b / a:.2f}  | (c) publish + finish (versions, mirror, statement) "
               f"{c:.2f}s ratio c/a={c / a:.2f}  | paired median b_i/a_i="
               f"{statistics.median(x / y for x, y in zip(tb, ta)):.2f}  "
