@@ -302,7 +302,10 @@ def sensitivity(aggregate: Union[Aggregate, str], bounds: ContributionBounds,
     ======================  ==================  ======================  ==========================
 
     (U+ = max(U, 0), L- = min(L, 0).) The reasons are in ``docs/privacy-semantics.md``.
-    SUM and NORMALISED_SUM need clamp bounds, else InvalidBoundsError.
+    SUM and NORMALISED_SUM need clamp bounds, else InvalidBoundsError. ``event`` needs
+    K = L0 = Linf = 1 (Linf may be None), else InvalidBoundsError: its entries are those of
+    add_remove with these bounds, and hold for one row in or out only because the engine
+    keeps one row per event id and drops the ids with two different rows.
     """
     agg = as_aggregate(aggregate)
     rel = as_relation(relation)
@@ -321,7 +324,17 @@ def sensitivity(aggregate: Union[Aggregate, str], bounds: ContributionBounds,
     mag = max(abs(lo), abs(hi)) if valued else Fraction(1)
 
     if rel is Neighbouring.EVENT:
-        # One event (one row) in or out: K, L0 and Linf are all effectively 1.
+        # One event (one row, one event id) in or out. The engine enforces it by keeping
+        # exactly one row per event id (K = L0 = Linf = 1) after dropping the ids that carry
+        # two different rows (:func:`dp_spark.transforms.bounding.keep_unique_events`);
+        # with larger bounds the rows kept per id could exceed one event: refuse.
+        linf = bounds.max_rows_per_partition
+        if bounds.max_rows_per_unit != 1 or bounds.max_partitions_per_unit != 1 or linf not in (None, 1):
+            raise InvalidBoundsError(
+                "neighbouring 'event' needs max_rows_per_unit = max_partitions_per_unit = "
+                "max_rows_per_partition = 1 (one row per event id); use add_remove_unit for "
+                "larger bounds"
+            )
         if agg is Aggregate.ROW_COUNT or agg is Aggregate.DISTINCT_UNITS:
             one = Fraction(1)
             return Sensitivity(one, one, one)

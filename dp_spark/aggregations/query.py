@@ -8,6 +8,8 @@
          (null / NaN rows dropped: every statistic of the release counts the same rows)
       -> keys cast to string, restricted to each column's public key set
       -> dp_cell: the key tuple's index in the cross product (long; public keys only)
+      -> neighbouring 'event' only: keep_unique_events(unit)   one row per event id; ids with
+                                               two different rows dropped (one more shuffle)
       -> bound_contributions(unit, dp_cell)    ONE shuffle by the unit: <= L0 key tuples,
                                                <= Linf rows per tuple, <= K rows per unit
       -> clamp each value column to the fixed-point grid; per-row columns of the components
@@ -33,8 +35,10 @@ from dp_spark.transforms.bounding import (
     bound_contributions,
     clamp_to_fixed_point,
     drop_null_units,
+    keep_unique_events,
     select_columns,
 )
+from dp_spark.units import Neighbouring
 
 CELL = "dp_cell"
 
@@ -77,6 +81,10 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     cell_name = _free_name(CELL, spec.columns)
     # only what the statistics read: the unit, the key tuple's index and the value columns
     df = df.select(_col(unit), cell.alias(cell_name), *[_col(v) for v in value_cols])
+    if spec.neighbouring is Neighbouring.EVENT:
+        # one row in or out must move one row of one cell: the bounding below keeps one row
+        # per id, but an added row with an existing id could replace it (L1 = 2)
+        df = keep_unique_events(df, unit_col=unit)
     b = spec.bounds
     cells = spec.cells
     l0 = b.max_partitions_per_unit if b.max_partitions_per_unit < cells else None

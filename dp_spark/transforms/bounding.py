@@ -14,6 +14,8 @@ The usual pipeline, each step stating its schema::
     apply_value_policy(.., value_col=v)  # same schema; v is never null/NaN, no -0.0
     restrict_to_public_keys(.., key_col=k, public_keys=K)
                                          # same schema; k in K
+    keep_unique_events(.., unit_col=u)   # event-level units only: same schema; one row per
+                                         # id, ids with two different rows dropped
     bound_contributions(.., unit_col=u, partition_col=k, L0, Linf, K, salt)
                                          # same schema; <= L0 keys, <= Linf rows per key
                                          # and <= K rows per unit
@@ -50,6 +52,7 @@ __all__ = [
     "clamp_to_fixed_point",
     "dedupe_unit_partition",
     "drop_null_units",
+    "keep_unique_events",
     "restrict_to_public_keys",
     "select_columns",
     "validate_public_keys",
@@ -512,6 +515,57 @@ def bound_contributions(
         )
     # schema: input schema (temporary columns dropped)
     return out.select(*[_col(c) for c in original])
+
+
+def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:
+    """Event-level units: one row per event id, and no row for an ambiguous id. Output schema =
+    input schema.
+
+    The rows are first taken as a set (byte-identical copies of a row, such as an event
+    ingested twice, are one event); then every id that still carries two or more *different*
+    rows is dropped with all its rows. Each remaining id has exactly one row.
+
+    One aggregation by the id (one shuffle, partial aggregation before it): per id, the
+    smallest and the largest of its rows (as structs of the other columns) are kept, and the id
+    only when they are equal (null-safe). No error ever depends on the data: an input with
+    duplicated ids is not refused (that refusal would itself be a non-private answer about the
+    data); its ambiguous ids are simply not counted.
+
+    Privacy contract
+    ----------------
+    Neighbouring ``event``: D and D' differ in one row. Let x be that row's id. Other ids'
+    output is unchanged; x's output goes from "its one distinct row, if it had exactly one" to
+    the same for D' -- a change of at most ONE row (x had 0 distinct rows: +1; 1: -1, or 0 if
+    the row was a copy; 2 or more: 0). The same holds when D and D' differ in all the rows of
+    one id. So, with :func:`bound_contributions` at K = L0 = Linf = 1 after it (a no-op on its
+    output, kept for uniformity), one event moves one row of one cell: the ``event`` entries of
+    :func:`dp_spark.units.sensitivity`. Bounding alone does NOT give this: keeping one row per
+    id by priority lets an added row with an existing id *replace* the kept row, moving one
+    row from one cell to another (L1 = 2).
+
+    Apply it after the row-wise steps (null units, ``where``, value policy, public keys),
+    whose output then decides which rows an id carries.
+    """
+    _check_no_temp_columns(df)
+    _field(df, unit_col, role="unit")
+    for f in df.schema.fields:
+        if not _is_identity_type(f.dataType):
+            raise SchemaError(
+                f"column {f.name!r} has type {_type_name(f.dataType)}, which cannot be compared; "
+                "drop it with select_columns first"
+            )
+    original = [f.name for f in df.schema.fields]
+    others = [c for c in original if c != unit_col]
+    if not others:
+        # schema: (unit_col,); distinct
+        return df.select(_col(unit_col)).distinct()
+    row = F.struct(*[_col(c).alias(c) for c in others])
+    # schema: unit_col, __dp_lo: struct<others>, __dp_hi: struct<others>; one row per id
+    agg = df.groupBy(_col(unit_col).alias(unit_col)).agg(
+        F.min(row).alias("__dp_lo"), F.max(row).alias("__dp_hi"))
+    # schema: input schema; ids whose rows are all identical, one row each
+    kept = agg.where(F.col("__dp_lo").eqNullSafe(F.col("__dp_hi")))
+    return kept.select(*[_col(unit_col) if c == unit_col else F.col("__dp_lo")[c].alias(c) for c in original])
 
 
 def dedupe_unit_partition(df: DataFrame, *, unit_col: str, partition_col: str | None) -> DataFrame:

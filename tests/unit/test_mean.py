@@ -96,9 +96,10 @@ def test_split_tends_to_the_delta_method_for_large_groups():
     # Gaussian: the same except replace_unit, where the signed sum's l2^2 doubles again (4x vs
     # the count's 2x): f/(1-f) = sqrt(2), f = 0.586 -> 59/100.
     for rel in Neighbouring:
-        assert optimal_mean_split(B, rel, 50, "discrete_laplace") == F(1, 2)
+        b = ContributionBounds(1, lower=B.lower, upper=B.upper) if rel is Neighbouring.EVENT else B  # event: K = 1
+        assert optimal_mean_split(b, rel, 50, "discrete_laplace") == F(1, 2)
         expected = F(59, 100) if rel is Neighbouring.REPLACE_UNIT else F(1, 2)
-        assert optimal_mean_split(B, rel, 50, "discrete_gaussian") == expected
+        assert optimal_mean_split(b, rel, 50, "discrete_gaussian") == expected
     # with a budget and huge groups the count noise is negligible next to n: near 1/2
     f = optimal_mean_split(B, AR, 10**7, "discrete_laplace", budget=PureDP(1))
     assert abs(f - F(1, 2)) <= F(1, 10)

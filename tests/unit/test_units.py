@@ -25,6 +25,9 @@ CNT, DST, SUM, NSUM = Aggregate.ROW_COUNT, Aggregate.DISTINCT_UNITS, Aggregate.S
 # min(K, L0'Linf') = 5 and min(K^2, L0'Linf'^2) = 12, so every term of the formulas shows.
 B = ContributionBounds(max_rows_per_unit=5, max_partitions_per_unit=3, max_rows_per_partition=2,
                        lower=-1, upper=4)
+# event level: one row per event id, the only bounds sensitivity() accepts under `event`
+B_EVENT = ContributionBounds(max_rows_per_unit=1, max_partitions_per_unit=1, max_rows_per_partition=1,
+                             lower=-1, upper=4)
 
 TABLE = [
     # relation, aggregate, per_partition, l1, l2_squared, reason
@@ -50,13 +53,34 @@ def test_table_covers_every_relation_and_aggregate():
 @pytest.mark.parametrize("relation,aggregate,per,l1,l2sq,reason", TABLE,
                          ids=[f"{r.value}-{a.value}" for r, a, *_ in TABLE])
 def test_sensitivity_table(relation, aggregate, per, l1, l2sq, reason):
-    s = sensitivity(aggregate, B, relation)
+    b = B_EVENT if relation is EV else B
+    s = sensitivity(aggregate, b, relation)
     assert (s.per_partition, s.l1, s.l2_squared) == (F(per), F(l1), F(l2sq)), reason
     assert all(isinstance(v, F) for v in (s.per_partition, s.l1, s.l2_squared))
     assert s.per_partition <= s.l1  # one cell never moves more than the whole vector
     assert s.l2 == pytest.approx(float(F(l2sq)) ** 0.5)
     # strings are accepted as well as enum members
-    assert sensitivity(aggregate.value, B, relation.value) == s
+    assert sensitivity(aggregate.value, b, relation.value) == s
+    if relation is EV:  # the event entries are add_remove's with K = L0 = Linf = 1
+        assert sensitivity(aggregate, b, AR) == s
+
+
+@pytest.mark.parametrize("bounds", [
+    B,
+    ContributionBounds(max_rows_per_unit=2, lower=-1, upper=4),
+    ContributionBounds(max_rows_per_unit=1, max_partitions_per_unit=2, lower=-1, upper=4),
+    ContributionBounds(max_rows_per_unit=1, max_rows_per_partition=2, lower=-1, upper=4),
+])
+def test_event_relation_refuses_bounds_above_one(bounds):
+    """One row in or out moves a cell by one row only when each event id keeps one row: any
+    bound above 1 is refused (a clear error naming the bounds, not a silent sensitivity 1)."""
+    for agg in Aggregate:
+        with pytest.raises(InvalidBoundsError, match="neighbouring 'event' needs max_rows_per_unit"):
+            sensitivity(agg, bounds, EV)
+        with pytest.raises(InvalidBoundsError, match="max_rows_per_partition = 1"):
+            sensitivity(agg.value, bounds, "event")
+    # Linf = None means K = 1: accepted
+    assert sensitivity(CNT, ContributionBounds(1), EV).l1 == 1
 
 
 def test_k_caps_partitions_and_rows():
