@@ -3,6 +3,14 @@ with the engine's budget split of the mean and with a naive 50/50 split, side by
 
     .venv/bin/python benchmarks/utility.py [--env conf/envs/local.yaml] [--repeats 1000]
         [--measure pure_dp|zcdp] [--users N]
+    .venv/bin/python benchmarks/utility.py --peer-job [--rows 2000000] [--runs 20]
+
+``--peer-job``: the peers' utility job (2M events, n/10 users in many regions; distinct users,
+sum and mean of order_value per region, <= 5 rows per user, clamp [0, 500], pure epsilon = 1)
+as ONE multi-statistic release: exact partials once through the engine's own Spark pass, then
+``--runs`` releases' noise with the production sampler through the engine's own post-processing
+(``QueryPlan.noise``). Prints each statistic's RMSE against the bounded ("capped") truth,
+pooled over regions and runs, beside the peers' figures measured on that job (issue 12).
 
 How:
 * exact partials of the demo data are computed ONCE per spec by the engine's own Spark
@@ -153,6 +161,64 @@ def paired_mean_errors(plans, partials, repeats: int, seed: int):
     return [_mean_errors(plan, partials, draw) for plan in plans]
 
 
+# RMSE vs the capped truth on the peer job at pure epsilon = 1, 20 runs (issue 12's figures)
+PEERS = {"dp_spark before (three single-metric releases)": {"aov": 0.370, "revenue": 14_100},
+         "PipelineDP": {"aov": 0.235, "revenue": 11_840}}
+
+
+def peer_job(rows: int, runs: int) -> int:
+    import numpy as np
+
+    from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+    from dp_spark.config import release_spec_from_dict
+    from dp_spark.demo_data import generate_events
+    from dp_spark.mechanisms.samplers import default_source
+    from dp_spark.spark import get_or_create_session
+    from dp_spark.statistics.components import Component
+    from dp_spark.statistics.plan import plan_query
+
+    spark = get_or_create_session("dp_spark.benchmark.utility", master="local[2]",
+                                  extra_conf={"spark.driver.memory": "8g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    regions = [f"region_{i:02d}" for i in range(1, 21)]
+    value = {"column": "order_value", "lower": 0, "upper": 500}
+    spec = release_spec_from_dict({
+        "name": "peer_job", "dataset": "bench", "privacy_unit": {"kind": "user", "column": "user_id"},
+        "group_by": [{"column": "region", "public_keys": {"values": regions}}],
+        "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": 20},
+        "statistics": [{"name": "users", "kind": "distinct_units"}, dict(value, name="revenue", kind="sum"),
+                       dict(value, name="aov", kind="mean")],
+        "budget": {"id": "bench", "measure": "pure_dp", "epsilon": 1}}, "peer_job")
+    plan = plan_query(spec)
+    t0 = time.monotonic()
+    df = generate_events(spark, n_users=rows // 10, days=30, start_date=date(2026, 11, 1), seed=3,
+                         mean_rows_per_user=10)
+    partials = collect_query_partials(build_query_partials(df, plan, "benchmark-salt"), plan)
+    print(f"exact partials of {rows:,} rows in {time.monotonic() - t0:.0f}s; split "
+          f"{ {c.name: str(f) for c, f in zip(plan.components, plan.fractions)} }", flush=True)
+    clamp = spec.statistics[1].clamp
+    unit = float(Fraction(2) ** clamp.grid_exponent)
+    truth = {}
+    for i, r in enumerate(regions):
+        p = partials.get(i, {})
+        total = Component("sum", clamp).true_values(p)[0] * unit
+        n = p.get("dp_rows", 0)
+        truth[("users", r)] = p.get("dp_units", 0)
+        truth[("revenue", r)] = total
+        truth[("aov", r)] = total / n if n else float("nan")
+    source = default_source()
+    errs: dict = {}
+    for _ in range(runs):
+        for c in plan.noise(partials, source):
+            errs.setdefault(c["statistic"], []).append(c["value"] - truth[(c["statistic"], c["key"])])
+    print(f"RMSE vs the capped truth, pure epsilon = 1, {runs} runs, pooled over {len(regions)} regions:")
+    for stat in ("users", "revenue", "aov"):
+        e = np.array(errs[stat])
+        peers = "  ".join(f"{k}: {v[stat]:,}" for k, v in PEERS.items() if stat in v)
+        print(f"  {stat:8s} dp_spark {float(np.sqrt(np.mean(e * e))):,.3f}   {peers}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default=str(ROOT / "conf/envs/local.yaml"))
@@ -164,7 +230,12 @@ def main(argv=None) -> int:
     ap.add_argument("--measure", choices=("pure_dp", "zcdp"), default="pure_dp")
     ap.add_argument("--users", type=int, default=None,
                     help="generate fresh demo data with this many users (default: the env's demo table)")
+    ap.add_argument("--peer-job", action="store_true", help="the peers' job instead (see the docstring)")
+    ap.add_argument("--rows", type=int, default=2_000_000, help="--peer-job: rows of generated events")
+    ap.add_argument("--runs", type=int, default=20, help="--peer-job: noisy releases per statistic")
     args = ap.parse_args(argv)
+    if args.peer_job:
+        return peer_job(args.rows, args.runs)
 
     from dp_spark.config import load_env, load_release_spec
     from dp_spark.engine import plan_release
