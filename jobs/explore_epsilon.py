@@ -8,7 +8,8 @@ expected absolute and relative error (and the interval half-width at the spec's 
 per budget and group size, the smallest budget meeting ``--target`` (relative half-width) for
 each group size, and writes ``<release>_explorer.png`` and ``<release>_explorer.csv`` into
 ``--out``. Public inputs only: no data is read, no Spark session is started, nothing is
-charged. ``--assumed-mean`` is the assumed value per row for sums and means (default: the
+charged. A multi-statistic spec prints its plan per statistic instead (components, shares,
+expected error and half-width per group size). ``--assumed-mean`` is the assumed value per row for sums and means (default: the
 spec's own ``mean.assumed_mean``, else the midpoint of the clamp bounds).
 """
 
@@ -51,6 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _plan_multi(spec, args) -> int:
+    """A multi-statistic spec: its plan (dp_spark.api.plan_table) at each group size, for the
+    spec's own charge (the split over components is fixed by the spec). No data read."""
+    from dp_spark.api import plan_table
+
+    print(f"== {spec.name}: {len(spec.statistics)} statistics x {spec.cells} key tuples, "
+          f"{spec.charge.MEASURE} {spec.charge.to_json()}, confidence {float(spec.confidence):.0%}")
+    print(f"{'statistic':<16}{'kind':<16}{'group size':>11}{'E|error|':>14}{'half-width':>14}  components (share)")
+    for n in args.group_sizes:
+        for r in plan_table(spec, group_size=n):
+            shares = ", ".join(f"{c} ({s})" for c, s in zip(r["components"], r["share_of_charge"]))
+            print(f"{r['statistic']:<16}{r['kind']:<16}{n:>11,}{r['expected_abs_error']:>14.4g}"
+                  f"{r['interval_half_width']:>14.4g}  {shares}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dp_spark.config import load_release_spec
@@ -59,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec = load_release_spec(args.conf)
+        if spec.statistics:
+            return _plan_multi(spec, args)
         rows = explorer.explore(spec, args.group_sizes, args.budgets, assumed_mean=args.assumed_mean)
         stat = explorer.headline_statistic(spec)
         budget_name = "epsilon" if spec.charge.MEASURE == "pure_dp" else "rho"
