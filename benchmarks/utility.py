@@ -210,12 +210,19 @@ def peer_job(rows: int, runs: int) -> int:
     errs: dict = {}
     for _ in range(runs):
         for c in plan.noise(partials, source):
-            errs.setdefault(c["statistic"], []).append(c["value"] - truth[(c["statistic"], c["key"])])
-    print(f"RMSE vs the capped truth, pure epsilon = 1, {runs} runs, pooled over {len(regions)} regions:")
+            errs.setdefault((c["statistic"], c["key"]), []).append(c["value"] - truth[(c["statistic"], c["key"])])
+    print(f"RMSE vs the capped truth, pure epsilon = 1, {runs} runs over {len(regions)} regions "
+          "(pooled: root of the mean squared error over all regions and runs; per-region mean: the "
+          "mean over regions of each region's RMSE; smallest / largest region):")
+    sizes = {r: partials.get(i, {}).get("dp_rows", 0) for i, r in enumerate(regions)}
+    small, large = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
     for stat in ("users", "revenue", "aov"):
-        e = np.array(errs[stat])
+        per = {r: float(np.sqrt(np.mean(np.square(errs[(stat, r)])))) for r in regions}
+        pooled = float(np.sqrt(np.mean([np.mean(np.square(errs[(stat, r)])) for r in regions])))
         peers = "  ".join(f"{k}: {v[stat]:,}" for k, v in PEERS.items() if stat in v)
-        print(f"  {stat:8s} dp_spark {float(np.sqrt(np.mean(e * e))):,.3f}   {peers}")
+        print(f"  {stat:8s} dp_spark pooled {pooled:,.3f}  per-region mean {float(np.mean(list(per.values()))):,.3f}"
+              f"  smallest ({sizes[small]:,} rows) {per[small]:,.3f}  largest ({sizes[large]:,} rows) "
+              f"{per[large]:,.3f}   | {peers}")
     return 0
 
 
