@@ -13,7 +13,7 @@ import pytest
 from dp_spark.budget import PureDP, ZCDP
 from dp_spark.config import release_spec_from_dict
 from dp_spark.mechanisms import DISCRETE_LAPLACE
-from dp_spark.mechanisms.samplers import OpenDPNoiseSource
+from dp_spark.mechanisms.samplers import SeededNoiseSource
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.plan import plan_query
 from dp_spark.units import ContributionBounds, Neighbouring
@@ -58,14 +58,14 @@ def _spec(kind: str, measure: str, **extra):
         "bounds": {"max_rows_per_unit": 1}, "statistics": [stat], "budget": budget}, "t.yaml")
 
 
-def _coverage(kind, measure, truth_fn, reps=600, n=2000, seed=5, **extra):
+def _coverage(kind, measure, truth_fn, reps=1500, n=2000, seed=5, **extra):
     spec = _spec(kind, measure, **extra)
     plan = plan_query(spec)
     rng = random.Random(seed)
     vals = [min(max(rng.gauss(40, 15), 0.0), 100.0) for _ in range(n)]
     partials = _truth_partials(plan, {0: vals})
     truth = truth_fn(plan, vals)
-    src = OpenDPNoiseSource()
+    src = SeededNoiseSource(seed)  # seeded: the test is deterministic
     hits = 0
     for _ in range(reps):
         (c,) = plan.noise(partials, src)
@@ -87,7 +87,7 @@ def _var(plan, vals):
 def test_variance_and_stddev_intervals_cover(measure):
     cov_v = _coverage("variance", measure, _var)
     cov_s = _coverage("stddev", measure, lambda p, v: _var(p, v) ** 0.5)
-    # 600 repetitions: the 93-97% band at 95% is +-2 standard errors (0.009)
+    # 1,500 seeded repetitions: the 93-97% band at 95% is +-3.5 standard errors (0.0056)
     assert 0.93 <= cov_v <= 0.975, cov_v
     assert 0.93 <= cov_s <= 0.975, cov_s
 
@@ -100,5 +100,15 @@ def test_quantile_interval_covers(measure):
 
     # noise-dominated: a small group and fine bins, so the interval is not just one bin
     cov = _coverage("quantile", measure, median, reps=400, n=150, q=0.5, bins=256)
-    # conservative by construction (bin edges); never under the nominal level
-    assert cov >= 0.93, cov
+    # conservative by construction (the ends are bin edges): measured 0.97-0.975 here
+    assert 0.93 <= cov <= 0.99, cov
+
+
+def test_coverage_check_detects_too_narrow_intervals(monkeypatch):
+    """The coverage test can fail: halve the noise half-widths the variance interval uses."""
+    import dp_spark.statistics.moments as moments
+
+    real = moments.halfwidth
+    monkeypatch.setattr(moments, "halfwidth", lambda plan, alpha: real(plan, alpha) / 2)
+    cov = _coverage("variance", "zcdp", _var)
+    assert cov < 0.93, cov
