@@ -13,7 +13,9 @@
       -> bound_contributions(unit, dp_cell)    ONE shuffle by the unit: <= L0 key tuples,
                                                <= Linf rows per tuple, <= K rows per unit
       -> clamp each value column to the fixed-point grid; per-row columns of the components
-      -> groupBy(dp_cell).agg(every component's partials)   ONE aggregation (one shuffle)
+      -> groupBy(dp_cell, unit), then groupBy(dp_cell): every component's partials in ONE
+         aggregation of two levels; the first needs no shuffle (the rows are partitioned by the
+         unit already), the second one shuffle; distinct units = (cell, unit) groups
       -> collect: at most (key tuples + 1) rows of longs reach the driver
 
 Limits that cannot bind are not computed (L0 >= number of key tuples; Linf >= K).
@@ -107,11 +109,23 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             if name not in df.columns:
                 df = df.withColumn(name, col)
     aggs: dict[str, Any] = {}
+    units = False
     for comp in plan.components:
         for alias, agg in comp.aggregates(unit).items():
-            aggs.setdefault(alias, agg)
+            if alias == "dp_units":
+                units = True  # counted below as the number of (cell, unit) groups
+            else:
+                aggs.setdefault(alias, agg)
+    # Two levels, two shuffles in all: per (cell, unit) first -- the rows are already
+    # hash-partitioned by the unit after bounding, so this needs no shuffle -- then per cell,
+    # summing the per-unit partials (exact longs: a unit has <= Linf' rows in a cell) and
+    # counting the units (a distinct count without Spark's Expand of count(distinct)).
+    per_unit = df.groupBy(_col(cell_name).alias(CELL), _col(unit)).agg(*[a.alias(n) for n, a in aggs.items()])
+    final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
+    if units:
+        final.append(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
     # schema: dp_cell: long, then one long per partial column
-    return df.groupBy(_col(cell_name).alias(CELL)).agg(*[a.alias(n) for n, a in aggs.items()])
+    return per_unit.groupBy(CELL).agg(*final)
 
 
 def collect_query_partials(df: DataFrame, plan) -> dict[int, dict[str, int]]:

@@ -170,7 +170,9 @@ class Component:
         if self.kind == "rows":
             return rows
         if self.kind == "units":
-            return {"dp_units": F.countDistinct(F.col("`" + unit_col + "`")).cast(T.LongType())}
+            # the number of (cell, unit) groups: computed by the two-level aggregation
+            # (dp_spark.aggregations.query), not a count(distinct) per row
+            return {"dp_units": None}
         if self.kind in ("sum", "nsum"):
             out = exact_sum(self.fixed_column, f"dp_s_{_tag(self.clamp)}")
             return {**out, **rows} if self.kind == "nsum" else out

@@ -150,3 +150,33 @@ def test_python_api_publishes_through_the_same_engine(spark, warehouse):
     assert sorted(pdf["statistic"].unique()) == ["aov", "orders"] and len(pdf) == 4
     assert (pdf["mode"] == "exploration").all()
     assert len(eng.ledger.entries("demo_events_user")) == 2
+
+
+def test_partials_are_the_exact_aggregates_of_the_bounded_rows(spark):
+    """Bounds that cannot bind (K above every unit's rows): the partials are the plain
+    aggregates of the filtered input, per key tuple."""
+    from dp_spark.config import release_spec_from_dict
+
+    rows = [("u1", "a", "x", 10.0), ("u1", "a", "x", 20.0), ("u1", "b", "y", 30.0), ("u2", "a", "x", 40.0),
+            ("u3", "b", "x", None), ("u3", "b", "x", 600.0), (None, "a", "x", 5.0), ("u4", "c", "x", 1.0)]
+    df = spark.createDataFrame(rows, "user_id string, region string, kind string, v double")
+    value = {"column": "v", "lower": 0, "upper": 500}
+    spec = release_spec_from_dict({
+        "name": "t", "dataset": "d", "privacy_unit": {"kind": "user", "column": "user_id"},
+        "group_by": [{"column": "region", "public_keys": {"values": ["a", "b"]}},
+                     {"column": "kind", "public_keys": {"values": ["x", "y"]}}],
+        "bounds": {"max_rows_per_unit": 100, "max_partitions_per_unit": 4},
+        "statistics": [{"name": "u", "kind": "distinct_units"}, {"name": "n", "kind": "count"},
+                       dict(value, name="s", kind="sum")],
+        "budget": {"id": "b", "measure": "zcdp", "rho": 1}}, "t.yaml")
+    plan = plan_for(spec)
+    got = collect_query_partials(build_query_partials(df, plan, "salt"), plan)
+    by = {}
+    for comp in plan.components:
+        for i in range(spec.cells):
+            by.setdefault(i, {})[comp.kind] = comp.true_values(got.get(i, {}))[0]
+    unit = 2 ** plan.components[2].clamp.grid_exponent
+    # cells: (a,x)=0, (a,y)=1, (b,x)=2, (b,y)=3; null values, null units and key 'c' are dropped
+    assert {i: d["units"] for i, d in by.items()} == {0: 2, 1: 0, 2: 1, 3: 1}
+    assert {i: d["rows"] for i, d in by.items()} == {0: 3, 1: 0, 2: 1, 3: 1}
+    assert {i: d["nsum"] * unit + 250 * d["rows"] for i, d in by.items()} == {0: 70, 1: 0, 2: 500, 3: 30}
