@@ -316,6 +316,9 @@ def privacy_statement(
             "max_per_release": None if pol is None else _budget_json(pol.max_per_release),
             "dataset": None if pol is None else pol.dataset,
             "privacy_unit": None if pol is None else pol.privacy_unit,
+            # every policy the ledger registered for the budget, and who accepted each change
+            "policy_history": ([h.to_json() for h in ledger.policy_history(bid)]
+                               if hasattr(ledger, "policy_history") else None),
         })
         fam_total = sum((e.charge for e in fam_entries[bid]), zero)
         bud_total = sum((e.charge for e in all_entries[bid]), zero)
@@ -553,6 +556,16 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         add(f"- Budget `{a['budget_id']}`: {a['accountant']}; cap {_b(a['cap'])} ({_st(a['cap_statement'])}); "
             f"window {a['window']}; max per release {_b(a['max_per_release'])}.")
     add("")
+    for a in d["accounting"]:
+        if a.get("policy_history"):
+            add(f"### Policy history of budget `{a['budget_id']}`")
+            add("")
+            add("| version | policy | accepted by | at | reason | changes |")
+            add("|---|---|---|---|---|---|")
+            for h in a["policy_history"]:
+                add(f"| {h['version']} | `{h['policy_hash'][:12]}` | {h['principal']} | {h['at']} | {h['reason']} | "
+                    f"{'; '.join(h['changes']) or '-'} |")
+            add("")
     add("### Charge per release")
     add("")
     add("| release | version | state | charge | (epsilon, delta) | charged at |")

@@ -71,6 +71,9 @@ from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy, as_utc
 __all__ = [
     "AuditRow",
     "BudgetStatus",
+    "PolicyChangedError",
+    "PolicyRecord",
+    "policy_hash",
     "Ledger",
     "LedgerEntry",
     "ReleaseLimitExceededError",
@@ -187,6 +190,65 @@ class AuditRow:
 # --------------------------------------------------------------------------------------
 # Canonical forms
 # --------------------------------------------------------------------------------------
+class PolicyChangedError(ConfigError):
+    """The policy file of a budget differs from the policy the ledger registered: a change
+    takes effect only when an admin accepts it (``dp-spark budget accept-policy``)."""
+
+    def __init__(self, budget_id: str, registered: BudgetPolicy, new: BudgetPolicy):
+        self.budget_id = budget_id
+        self.registered_hash = policy_hash(registered)
+        self.new_hash = policy_hash(new)
+        self.changes = policy_changes(registered, new)
+        super().__init__(
+            f"budget {budget_id!r}: the budget policy file differs from the policy the ledger registered "
+            f"(registered {self.registered_hash[:12]}, file {self.new_hash[:12]}; "
+            + "; ".join(self.changes) + "). A policy change takes effect only when an admin accepts it: "
+            f'dp-spark budget accept-policy --budget {budget_id} --reason "..." (recorded in the audit log '
+            "and the budget's policy history); until then releases on this budget are refused"
+        )
+
+
+@dataclass(frozen=True)
+class PolicyRecord:
+    """One policy the ledger registered for a budget (``version`` 1 = first registration)."""
+
+    budget_id: str
+    version: int
+    policy_hash: str
+    policy: dict
+    principal: str
+    reason: str
+    at: datetime
+    changes: tuple[str, ...] = ()  # against the previous version
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "policy_hash": self.policy_hash, "policy": self.policy,
+                "principal": self.principal, "reason": self.reason, "at": ts_text(self.at),
+                "changes": list(self.changes)}
+
+
+def policy_json(p: BudgetPolicy) -> str:
+    return canonical(p.to_json())
+
+
+def policy_hash(p: BudgetPolicy) -> str:
+    """SHA-256 of the policy's canonical JSON (the same bytes on every store)."""
+    return hashlib.sha256(policy_json(p).encode("utf-8")).hexdigest()
+
+
+def _changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    def show(v: Any) -> str:
+        return "none" if v is None else canonical(v) if isinstance(v, (dict, list)) else str(v)
+
+    return [f"{k}: {show(old.get(k))} -> {show(new.get(k))}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def policy_changes(old: BudgetPolicy, new: BudgetPolicy) -> list[str]:
+    """Human-readable field changes from ``old`` to ``new`` (e.g. ``cap: {...} -> {...}``)."""
+    return _changes(old.to_json(), new.to_json())
+
+
 def ts_text(dt: datetime) -> str:
     """Fixed-width UTC text (sorts like the instant): ``2026-01-31T23:59:59.000000Z``."""
     d = as_utc(dt, "timestamp")
@@ -369,6 +431,21 @@ AUDIT_COLS = (
     "seq, at, principal, action, spec_name, spec_version, decision, release_id, charge, detail, row_hash"
 )
 
+# The policy history of each budget: one row per policy the ledger registered (the first
+# registration, then each change an admin accepted), chained per budget by an HMAC.
+POLICIES_DDL = """CREATE TABLE IF NOT EXISTS dp_policies (
+        budget_id TEXT NOT NULL REFERENCES dp_budgets (budget_id),
+        version BIGINT NOT NULL CHECK (version >= 1),
+        policy_hash TEXT NOT NULL,
+        policy_json TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at TEXT NOT NULL,
+        row_hash TEXT NOT NULL,
+        PRIMARY KEY (budget_id, version)
+    )"""
+POLICY_COLS = "budget_id, version, policy_hash, policy_json, principal, reason, at, row_hash"
+
 TABLES_DDL = (
     """CREATE TABLE IF NOT EXISTS dp_ledger_meta (
         name TEXT PRIMARY KEY,
@@ -417,6 +494,7 @@ TABLES_DDL = (
     )""",
     "CREATE INDEX IF NOT EXISTS dp_entries_family ON dp_entries (release_family, state)",
     "CREATE INDEX IF NOT EXISTS dp_entries_created ON dp_entries (budget_id, created_at)",
+    POLICIES_DDL,
     """CREATE TABLE IF NOT EXISTS dp_audit (
         seq BIGINT PRIMARY KEY,
         at TEXT NOT NULL,
@@ -558,6 +636,9 @@ class SqlLedger(Ledger):
     def _guard_ddl(self) -> Sequence[str]:
         """Triggers refusing UPDATE/DELETE of immutable rows (dialect-specific)."""
 
+    @abc.abstractmethod
+    def _table_exists(self, cur: _Cursor, name: str) -> bool: ...
+
     def _schema_lock(self, cur: _Cursor) -> None:
         """Serialise schema creation between processes (PostgreSQL: advisory lock)."""
 
@@ -621,6 +702,12 @@ class SqlLedger(Ledger):
                     cur.x(stmt)
                 for stmt in self._guard_ddl():
                     cur.x(stmt)
+            elif not self._table_exists(cur, "dp_policies"):
+                # a ledger created before the policy history: add the table and its guards
+                self._schema_lock(cur)
+                cur.x(POLICIES_DDL)
+                for stmt in self._guard_ddl():
+                    cur.x(stmt)
             rows = dict(cur.q("SELECT name, value FROM dp_ledger_meta"))
             if "schema_version" not in rows:
                 cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", ("schema_version", SCHEMA_VERSION))
@@ -680,15 +767,18 @@ class SqlLedger(Ledger):
             raise LedgerIntegrityError(f"ledger integrity check failed: budget {bid!r}: unreadable policy") from None
         return _BudgetRow(policy, int(head_seq), head_hash, updated_at, texts)
 
-    def register_budget(self, policy: BudgetPolicy) -> None:
-        """Insert or update a budget's policy (idempotent).
+    def register_budget(self, policy: BudgetPolicy, *, principal: str = "dp_spark") -> None:
+        """Register a budget's policy (idempotent), and record it in the policy history.
 
-        Refused (ConfigError): changing the measure of a budget that has entries; changing
-        its privacy unit once it has entries or bindings; a cap (under the new window) below
-        what is already spent in the current window.
+        A new budget is inserted with history version 1. An unchanged policy is a no-op (a
+        budget registered before the history existed gets its version 1 recorded as found).
+        A CHANGED policy is refused with :class:`PolicyChangedError` naming the budget, the
+        changes and the admin command that accepts them (:meth:`accept_policy`): an edited
+        policy file never applies silently.
         """
         if not isinstance(policy, BudgetPolicy):
             raise ConfigError("register_budget needs a BudgetPolicy")
+        _check_text(principal, "principal")
         texts = _policy_texts(policy)
 
         def fn(cur: _Cursor) -> None:
@@ -700,31 +790,70 @@ class SqlLedger(Ledger):
                 (*texts, 0, GENESIS, stamp, self._budget_mac(texts, 0, GENESIS, stamp)),
             )
             if inserted == 1:
+                self._append_policy(cur, policy, principal, "first registration of the budget", stamp, None)
                 return
             b = self._load_budget(cur, policy.budget_id, lock=True)
-            if b.texts == texts:
-                return
-            entries = self._verified_entries(cur, b)
-            old = b.policy
-            if policy.measure != old.measure and entries:
+            if b.texts != texts:
+                raise PolicyChangedError(policy.budget_id, b.policy, policy)
+            if self._last_policy(cur, policy.budget_id) is None:
+                self._append_policy(cur, policy, principal,
+                                    "registered before the ledger kept a policy history (recorded as found)",
+                                    stamp, None)
+
+        self._run("register_budget", fn, write=True)
+
+    def _check_policy_change(self, cur: _Cursor, b: _BudgetRow, policy: BudgetPolicy, now: datetime) -> None:
+        """Refused (ConfigError) even by an admin: changing the measure of a budget that has
+        entries; changing its privacy unit once it has entries or bindings; a cap (under the
+        new window) below what is already spent in the current window."""
+        entries = self._verified_entries(cur, b)
+        old = b.policy
+        if policy.measure != old.measure and entries:
+            raise ConfigError(
+                f"budget {policy.budget_id!r} has {len(entries)} ledger entries in "
+                f"{old.measure}; its measure cannot change to {policy.measure}"
+            )
+        if policy.privacy_unit != old.privacy_unit:
+            bound = cur.one("SELECT COUNT(*) FROM dp_bindings WHERE budget_id = ?", (policy.budget_id,))[0]
+            if entries or bound:
                 raise ConfigError(
-                    f"budget {policy.budget_id!r} has {len(entries)} ledger entries in "
-                    f"{old.measure}; its measure cannot change to {policy.measure}"
+                    f"budget {policy.budget_id!r} protects unit {old.privacy_unit!r} and has "
+                    f"entries or bound datasets; its privacy unit cannot change"
                 )
-            if policy.privacy_unit != old.privacy_unit:
-                bound = cur.one("SELECT COUNT(*) FROM dp_bindings WHERE budget_id = ?", (policy.budget_id,))[0]
-                if entries or bound:
-                    raise ConfigError(
-                        f"budget {policy.budget_id!r} protects unit {old.privacy_unit!r} and has "
-                        f"entries or bound datasets; its privacy unit cannot change"
-                    )
-            if entries:
-                spent, _ = self._spent(policy, entries, now)
-                if not spent.fits_in(policy.cap):
-                    raise ConfigError(
-                        f"budget {policy.budget_id!r}: new cap {policy.cap} is below what is already "
-                        f"spent in the current window ({spent}); a cap cannot be lowered below spent"
-                    )
+        if entries:
+            spent, _ = self._spent(policy, entries, now)
+            if not spent.fits_in(policy.cap):
+                raise ConfigError(
+                    f"budget {policy.budget_id!r}: new cap {policy.cap} is below what is already "
+                    f"spent in the current window ({spent}); a cap cannot be lowered below spent"
+                )
+
+    def accept_policy(self, policy: BudgetPolicy, *, principal: str, reason: str,
+                      now: Optional[datetime] = None) -> Optional[PolicyRecord]:
+        """Apply a changed policy to a registered budget: the admin's decision (the caller
+        checks the role). In ONE write transaction: the checks of :meth:`_check_policy_change`,
+        the budget row, a new policy-history version (principal, reason, changes) and an audit
+        row (action ``admin``, decision ``policy_accepted``). Returns the new record, or None
+        when the policy equals the registered one (nothing recorded)."""
+        if not isinstance(policy, BudgetPolicy):
+            raise ConfigError("accept_policy needs a BudgetPolicy")
+        _check_text(principal, "principal")
+        _check_text(reason, "reason")
+        texts = _policy_texts(policy)
+
+        def fn(cur: _Cursor) -> Optional[PolicyRecord]:
+            t = self._now(now)
+            stamp = ts_text(t)
+            b = self._load_budget(cur, policy.budget_id, lock=True)
+            last = self._last_policy(cur, policy.budget_id)
+            if b.texts == texts and last is not None:
+                return None
+            if last is None:  # a budget registered before the history: record what was in force
+                self._append_policy(cur, b.policy, principal,
+                                    "registered before the ledger kept a policy history (recorded as found)",
+                                    stamp, None)
+            changes = policy_changes(b.policy, policy)
+            self._check_policy_change(cur, b, policy, t)
             n = cur.x(
                 "UPDATE dp_budgets SET dataset = ?, privacy_unit = ?, measure = ?, cap = ?, "
                 "statement_delta = ?, window_kind = ?, window_days = ?, max_per_release = ?, "
@@ -734,8 +863,70 @@ class SqlLedger(Ledger):
             )
             if n != 1:
                 raise _Retry()
+            rec = self._append_policy(cur, policy, principal, reason, stamp, b.policy)
+            self._append_audit_in(cur, stamp, (
+                principal, "admin", None, None, "policy_accepted", None, None,
+                canonical({"budget_id": policy.budget_id, "from": policy_hash(b.policy), "to": rec.policy_hash,
+                           "version": rec.version, "reason": reason, "changes": changes}),
+            ))
+            return rec
 
-        self._run("register_budget", fn, write=True)
+        return self._run("accept_policy", fn, write=True)
+
+    # -- policy history ----------------------------------------------------------------
+    def _policy_row_hash(self, prev: str, r: Sequence[Any]) -> str:
+        return self._mac("policy", prev, r[0], int(r[1]), *r[2:7])
+
+    def _last_policy(self, cur: _Cursor, budget_id: str) -> Optional[tuple]:
+        return cur.one(f"SELECT {POLICY_COLS} FROM dp_policies WHERE budget_id = ? ORDER BY version DESC LIMIT 1",
+                       (budget_id,))
+
+    def _append_policy(self, cur: _Cursor, policy: BudgetPolicy, principal: str, reason: str, stamp: str,
+                       previous: Optional[BudgetPolicy]) -> PolicyRecord:
+        last = self._last_policy(cur, policy.budget_id)
+        version = 1 if last is None else int(last[1]) + 1
+        prev_hash = GENESIS if last is None else str(last[7])
+        r = (policy.budget_id, version, policy_hash(policy), policy_json(policy), principal, reason, stamp)
+        cur.x(f"INSERT INTO dp_policies ({POLICY_COLS}) VALUES ({', '.join(['?'] * 8)})",
+              (*r, self._policy_row_hash(prev_hash, r)))
+        return PolicyRecord(policy.budget_id, version, r[2], json.loads(r[3]), principal, reason, parse_ts(stamp),
+                            tuple(policy_changes(previous, policy)) if previous is not None else ())
+
+    def _policy_problems(self, cur: _Cursor, b: _BudgetRow) -> tuple[list[str], list[PolicyRecord]]:
+        bid = b.policy.budget_id
+        rows = cur.q(f"SELECT {POLICY_COLS} FROM dp_policies WHERE budget_id = ? ORDER BY version", (bid,))
+        problems: list[str] = []
+        records: list[PolicyRecord] = []
+        prev, prev_policy = GENESIS, None
+        for i, r in enumerate(rows, start=1):
+            if int(r[1]) != i:
+                problems.append(f"budget {bid!r}: policy version {r[1]}: sequence gap (expected {i})")
+            if not hmac.compare_digest(str(r[7]), self._policy_row_hash(prev, r)):
+                problems.append(f"budget {bid!r}: policy version {r[1]}: edited or inserted outside the ledger")
+            try:
+                content = json.loads(r[3])
+            except ValueError:
+                content = {}
+            if hashlib.sha256(str(r[3]).encode("utf-8")).hexdigest() != r[2]:
+                problems.append(f"budget {bid!r}: policy version {r[1]}: content does not match its hash")
+            records.append(PolicyRecord(bid, int(r[1]), str(r[2]), content, str(r[4]), str(r[5]), parse_ts(r[6]),
+                                        tuple(_changes(prev_policy, content)) if prev_policy is not None else ()))
+            prev, prev_policy = str(r[7]), content
+        if rows and str(rows[-1][2]) != policy_hash(b.policy):
+            problems.append(f"budget {bid!r}: the registered policy is not the last one in its policy history "
+                            "(changed or history truncated outside the ledger)")
+        return problems, records
+
+    def policy_history(self, budget_id: str) -> list[PolicyRecord]:
+        """Every policy the ledger registered for ``budget_id``, oldest first, verified (MAC
+        chain, content hashes, and that the last is the policy in force)."""
+        def fn(cur: _Cursor) -> list[PolicyRecord]:
+            b = self._load_budget(cur, budget_id, lock=False)
+            problems, records = self._policy_problems(cur, b)
+            self._raise_problems(problems)
+            return records
+
+        return self._run("policy_history", fn, write=False)
 
     def get_policy(self, budget_id: str) -> BudgetPolicy:
         """The policy registered for ``budget_id`` (UnknownBudgetError if none)."""
@@ -1302,7 +1493,8 @@ class SqlLedger(Ledger):
                 b = self._load_budget(cur, budget_id, lock=False)
                 problems, entries = self._chain_problems(b, cur.q(
                     f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq", (budget_id,)))
-                self._raise_problems(problems + self._spend_problems(cur, b, entries))
+                self._raise_problems(problems + self._spend_problems(cur, b, entries)
+                                     + self._policy_problems(cur, b)[0])
                 return
             known = set()
             for row in cur.q(f"SELECT {BUDGET_COLS} FROM dp_budgets ORDER BY budget_id"):
@@ -1318,9 +1510,13 @@ class SqlLedger(Ledger):
                 chain, entries = self._chain_problems(b, rows)
                 problems.extend(chain)
                 problems.extend(self._spend_problems(cur, b, entries))
+                problems.extend(self._policy_problems(cur, b)[0])
             for (bid,) in cur.q("SELECT DISTINCT budget_id FROM dp_entries"):
                 if bid not in known:
                     problems.append(f"entries of unregistered budget {bid!r}")
+            for (bid,) in cur.q("SELECT DISTINCT budget_id FROM dp_policies"):
+                if bid not in known:
+                    problems.append(f"policy history of unregistered budget {bid!r}")
             for row in cur.q("SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings"):
                 try:
                     self._check_binding(row)
@@ -1414,20 +1610,24 @@ class SqlLedger(Ledger):
             detail = None
 
         def fn(cur: _Cursor) -> AuditRow:
-            at = ts_text(self._now(now))
-            seq, head = self._audit_head(cur, lock=True)
-            r = (seq + 1, at, principal, action, spec_name, spec_version, decision, release_id, charge_json, detail)
-            rh = self._audit_hash(head, r)
-            cur.x(f"INSERT INTO dp_audit ({AUDIT_COLS}) VALUES ({', '.join(['?'] * 11)})", (*r, rh))
-            n = cur.x(
-                "UPDATE dp_ledger_meta SET value = ? WHERE name = 'audit_head' AND value = ?",
-                (self._audit_head_value(seq + 1, rh), self._audit_head_value(seq, head)),
-            )
-            if n != 1:
-                raise _Retry()
-            return self._audit((*r, rh))
+            return self._append_audit_in(cur, ts_text(self._now(now)), (
+                principal, action, spec_name, spec_version, decision, release_id, charge_json, detail))
 
         return self._run("append_audit", fn, write=True)
+
+    def _append_audit_in(self, cur: _Cursor, at: str, fields: tuple) -> AuditRow:
+        """Append one audit row inside the caller's write transaction."""
+        seq, head = self._audit_head(cur, lock=True)
+        r = (seq + 1, at, *fields)
+        rh = self._audit_hash(head, r)
+        cur.x(f"INSERT INTO dp_audit ({AUDIT_COLS}) VALUES ({', '.join(['?'] * 11)})", (*r, rh))
+        n = cur.x(
+            "UPDATE dp_ledger_meta SET value = ? WHERE name = 'audit_head' AND value = ?",
+            (self._audit_head_value(seq + 1, rh), self._audit_head_value(seq, head)),
+        )
+        if n != 1:
+            raise _Retry()
+        return self._audit((*r, rh))
 
     def audit_rows(self, limit: Optional[int] = None) -> list[AuditRow]:
         """Audit rows in order; with ``limit``, the latest ``limit`` rows (still in order)."""

@@ -3,10 +3,12 @@
     python -m dp_spark.ledger.cli status [--budget ID] [--ledger URL] [--policies PATH] [--json]
     python -m dp_spark.ledger.cli history --budget ID [--ledger URL] [--json]
     python -m dp_spark.ledger.cli verify [--ledger URL]
+    python -m dp_spark.ledger.cli rebuild-mirror [--env ENV]   (starts Spark; writes the mirror only)
+    python -m dp_spark.ledger.cli accept-policy --budget ID --reason TEXT [--env ENV]   (admin)
 
 ``--ledger`` defaults to ``$DP_SPARK_LEDGER_URL``, else ``sqlite:warehouse/ledger.db``;
-``--policies`` to ``conf/policies/budgets.yaml``. The command only reads: it never creates a
-ledger or registers a budget (a budget declared in the policy file but never used shows
+``--policies`` to ``conf/policies/budgets.yaml``. ``status``, ``history`` and ``verify`` only
+read: they never create a ledger or register a budget (a budget declared in the policy file but never used shows
 spent 0). Exit status: 0 ok, 1 error (unknown budget, unreachable or tampered ledger),
 2 usage.
 """
@@ -28,7 +30,7 @@ from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.base import BudgetStatus, Ledger, LedgerEntry, UnknownBudgetError, ts_text
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 
-__all__ = ["budget_command", "main", "DEFAULT_LEDGER_URL", "DEFAULT_POLICIES", "LEDGER_URL_ENV"]
+__all__ = ["budget_command", "accept_policy_command", "main", "DEFAULT_LEDGER_URL", "DEFAULT_POLICIES", "LEDGER_URL_ENV"]
 
 LEDGER_URL_ENV = "DP_SPARK_LEDGER_URL"
 DEFAULT_LEDGER_URL = "sqlite:warehouse/ledger.db"
@@ -49,7 +51,47 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser("history", parents=[common], help="every release that spent a budget")
     h.add_argument("--budget", required=True, metavar="ID")
     sub.add_parser("verify", parents=[common], help="check the integrity of the whole ledger")
+    m = sub.add_parser("rebuild-mirror", help="rebuild the env's Delta mirror of the ledger and audit log "
+                                              "from the SQL ledger (the authority)")
+    m.add_argument("--env", default="conf/envs/local.yaml",
+                   help="environment file: its ledger and mirror paths (default: %(default)s)")
+    a = sub.add_parser("accept-policy", help="admin: apply a changed budget policy file (recorded, audited)")
+    a.add_argument("--budget", required=True, metavar="ID")
+    a.add_argument("--reason", required=True, help="why: recorded in the audit log and the policy history")
+    a.add_argument("--env", default="conf/envs/local.yaml",
+                   help="environment file: its ledger, budget policies and access policy (default: %(default)s)")
     return p
+
+
+def accept_policy_command(args: argparse.Namespace, out: TextIO, *, spark: Any = None,
+                          environ: Optional[dict] = None) -> int:
+    """``accept-policy``: the env's admin applies the env's policy file for one budget.
+
+    The principal is resolved like a job's (:func:`~dp_spark.governance.access.resolve_principal`,
+    ``$DP_SPARK_PRINCIPAL`` only on the local env); it must hold the ``admin`` role in the
+    env's ``access.yaml`` (a refusal is audited). The change, with its reason, is written to
+    the budget's policy history and the audit log in one ledger transaction."""
+    from dp_spark.config import load_env
+    from dp_spark.governance.access import access_policy_for_env, authorize, resolve_principal
+
+    environ = dict(os.environ) if environ is None else environ
+    if not args.reason.strip():
+        raise DpSparkError("--reason must say why the policy changes")
+    env = load_env(args.env)
+    policies = load_policies(env.policies)
+    if args.budget not in policies:
+        raise UnknownBudgetError(args.budget)
+    access = access_policy_for_env(env, environ)
+    principal = resolve_principal(spark, environ, env_name=env.name)
+    with open_ledger(env.ledger_url) as ledger:
+        authorize(access, principal, "admin", ledger=ledger, spec_name=f"accept-policy:{args.budget}")
+        rec = ledger.accept_policy(policies[args.budget], principal=principal, reason=args.reason.strip())
+    if rec is None:
+        print(f"budget {args.budget}: the policy file equals the registered policy; nothing to accept", file=out)
+        return 0
+    print(f"budget {args.budget}: policy version {rec.version} accepted by {principal} "
+          f"({rec.policy_hash[:12]}): " + "; ".join(rec.changes), file=out)
+    return 0
 
 
 def _num(v: Fraction) -> str:
@@ -140,7 +182,8 @@ def _status(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[s
             in_window = [e for e in ledger.entries(bid) if policy.window.contains(e.created_at, now)]
             note = ""
             if bid in policies and policies[bid] != policy:
-                note = "the policy file differs from the registered policy (applied at the next release)"
+                note = ("the policy file differs from the registered policy: releases are refused until an "
+                        f"admin runs: dp-spark budget accept-policy --budget {bid} --reason \"...\"")
             elif bid not in policies:
                 note = "not declared in the policy file"
         else:
@@ -194,6 +237,20 @@ def budget_command(argv: Sequence[str], *, out: TextIO | None = None, err: TextI
         args = _parser().parse_args(list(argv))
     except SystemExit as exc:  # argparse: usage error (2) or --help (0)
         return int(exc.code or 0)
+    if args.cmd == "rebuild-mirror":
+        from dp_spark.ledger.mirror import rebuild_mirror_command
+
+        try:
+            return rebuild_mirror_command(args.env, out)
+        except DpSparkError as exc:
+            print(f"dp-spark budget: error: {exc}", file=err)
+            return 1
+    if args.cmd == "accept-policy":
+        try:
+            return accept_policy_command(args, out)
+        except DpSparkError as exc:
+            print(f"dp-spark budget: error: {exc}", file=err)
+            return 1
     url = args.ledger or os.environ.get(LEDGER_URL_ENV) or DEFAULT_LEDGER_URL
     try:
         policies: dict[str, BudgetPolicy] = {}

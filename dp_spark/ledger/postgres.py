@@ -152,6 +152,9 @@ class PostgresLedger(SqlLedger):
     def _schema_exists(self, cur: _Cursor) -> bool:
         return cur.one("SELECT to_regclass('dp_ledger_meta') IS NOT NULL")[0]
 
+    def _table_exists(self, cur: _Cursor, name: str) -> bool:
+        return cur.one("SELECT to_regclass(?) IS NOT NULL", (name,))[0]
+
     def _schema_lock(self, cur: _Cursor) -> None:
         cur.q("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_ID,))
 
@@ -179,6 +182,8 @@ class PostgresLedger(SqlLedger):
             trig("dp_bindings_no_truncate", "BEFORE TRUNCATE", "dp_bindings", "STATEMENT"),
             trig("dp_audit_no_change", "BEFORE UPDATE OR DELETE", "dp_audit"),
             trig("dp_audit_no_truncate", "BEFORE TRUNCATE", "dp_audit", "STATEMENT"),
+            trig("dp_policies_no_change", "BEFORE UPDATE OR DELETE", "dp_policies"),
+            trig("dp_policies_no_truncate", "BEFORE TRUNCATE", "dp_policies", "STATEMENT"),
         )
 
     def _close_connection(self) -> None:

@@ -123,6 +123,9 @@ class SQLiteLedger(SqlLedger):
     def _schema_exists(self, cur: _Cursor) -> bool:
         return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dp_ledger_meta'") is not None
 
+    def _table_exists(self, cur: _Cursor, name: str) -> bool:
+        return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)) is not None
+
     def _guard_ddl(self) -> Sequence[str]:
         def refuse(name: str, when: str, table: str, message: str, cond: str = "") -> str:
             return (
@@ -142,6 +145,8 @@ class SQLiteLedger(SqlLedger):
             refuse("dp_bindings_no_delete", "BEFORE DELETE", "dp_bindings", "bindings are permanent"),
             refuse("dp_audit_no_update", "BEFORE UPDATE", "dp_audit", "the audit log is append-only"),
             refuse("dp_audit_no_delete", "BEFORE DELETE", "dp_audit", "the audit log is append-only"),
+            refuse("dp_policies_no_update", "BEFORE UPDATE", "dp_policies", "the policy history is append-only"),
+            refuse("dp_policies_no_delete", "BEFORE DELETE", "dp_policies", "the policy history is append-only"),
         )
 
     def _close_connection(self) -> None:

@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 POLICIES = str(REPO / "conf" / "policies" / "budgets.yaml")
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def run(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     rc = budget_command(list(argv), out=out, err=err)
@@ -100,3 +103,65 @@ def test_runs_as_a_module(used_ledger):
     )
     assert proc.returncode == 0, proc.stderr
     assert "budget demo_events_user" in proc.stdout and "remaining" in proc.stdout
+
+
+# -- accept-policy (issue 13, item 15) ----------------------------------------------------
+def _policy_env(tmp_path, name="local"):
+    import shutil
+
+    import yaml
+
+    pol = tmp_path / "conf" / "policies"
+    pol.mkdir(parents=True)
+    shutil.copy(ROOT / "conf/policies/budgets.yaml", pol / "budgets.yaml")
+    (pol / "access.yaml").write_text(yaml.safe_dump({"version": 1, "releases_dir": str(tmp_path), "principals": {
+        "publisher_bob": {"roles": ["publisher"]}, "admin_carol": {"roles": ["admin"]}}}))
+    (tmp_path / "conf" / "envs").mkdir(parents=True)
+    env = tmp_path / "conf" / "envs" / "t.yaml"
+    env.write_text(yaml.safe_dump({"name": name, "warehouse": str(tmp_path / "wh"), "datasets": {},
+                                   "policies": str(pol / "budgets.yaml"),
+                                   "ledger_url": f"sqlite:{tmp_path}/wh/ledger.db"}))
+    return env, pol / "budgets.yaml"
+
+
+def test_an_edited_cap_is_refused_until_an_admin_accepts_it(tmp_path, monkeypatch):
+    import yaml
+
+    from dp_spark.ledger.base import PolicyChangedError
+
+    env, budgets = _policy_env(tmp_path)
+    url = f"sqlite:{tmp_path}/wh/ledger.db"
+    with open_ledger(url) as led:
+        led.register_budget(load_policies(budgets)["demo_events_user"])  # what a publish does first
+    doc = yaml.safe_load(budgets.read_text())
+    doc["budgets"]["demo_events_user"]["cap"] = {"rho": 20.0}  # edited upward
+    budgets.write_text(yaml.safe_dump(doc))
+    with open_ledger(url) as led:
+        with pytest.raises(PolicyChangedError, match="accept-policy --budget demo_events_user"):
+            led.register_budget(load_policies(budgets)["demo_events_user"])  # the next publish: refused
+        assert led.get_policy("demo_events_user").cap == ZCDP(2)
+
+    # a publisher cannot accept it (refused, audited)
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", "publisher_bob")
+    code, _, err = run("accept-policy", "--budget", "demo_events_user", "--reason", "more", "--env", str(env))
+    assert code == 1 and "may not admin" in err and "role admin is required" in err
+    with open_ledger(url) as led:
+        assert led.audit_rows()[-1].decision == "refused_permission"
+        assert len(led.policy_history("demo_events_user")) == 1
+
+    # the admin accepts it: recorded in the history and the audit log; the publish proceeds
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", "admin_carol")
+    code, out, err = run("accept-policy", "--budget", "demo_events_user", "--reason", "yearly review",
+                         "--env", str(env))
+    assert code == 0, err
+    assert "policy version 2 accepted by admin_carol" in out and "cap:" in out
+    with open_ledger(url) as led:
+        led.register_budget(load_policies(budgets)["demo_events_user"])
+        assert led.get_policy("demo_events_user").cap == ZCDP(20)
+        hist = led.policy_history("demo_events_user")
+        assert [(h.version, h.principal, h.reason) for h in hist][1] == (2, "admin_carol", "yearly review")
+        row = led.audit_rows()[-1]
+        assert (row.principal, row.action, row.decision) == ("admin_carol", "admin", "policy_accepted")
+        led.verify()
+    code, out, _ = run("accept-policy", "--budget", "demo_events_user", "--reason", "again", "--env", str(env))
+    assert code == 0 and "nothing to accept" in out

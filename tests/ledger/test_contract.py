@@ -18,7 +18,7 @@ from dp_spark.errors import (
     ReleaseConflictError,
 )
 from dp_spark.ledger import ReleaseLimitExceededError, UnknownBudgetError, UnknownReleaseError
-from dp_spark.ledger.base import Ledger, LedgerEntry, Reservation
+from dp_spark.ledger.base import Ledger, LedgerEntry, PolicyChangedError, Reservation, policy_hash
 
 UTC = timezone.utc
 EVENT = json.dumps({"kind": "laplace", "scale": "10"})
@@ -47,10 +47,14 @@ def test_register_is_idempotent_and_status_starts_empty(ledger, policy, clock):
 def test_register_updates_policy_and_raising_the_cap_is_allowed(ledger, policy):
     ledger.register_budget(policy("b", cap=1))
     reserve(ledger, "r1", PureDP("0.5"))
-    ledger.register_budget(policy("b", cap=3, max_per_release=1))
+    with pytest.raises(PolicyChangedError, match="accept-policy --budget b"):
+        ledger.register_budget(policy("b", cap=3, max_per_release=1))  # a file edit never applies silently
+    assert ledger.status("b").cap == PureDP(1)
+    ledger.accept_policy(policy("b", cap=3, max_per_release=1), principal="admin_carol", reason="test")
+    ledger.register_budget(policy("b", cap=3, max_per_release=1))  # accepted: the file is the policy again
     assert ledger.status("b").cap == PureDP(3)
     assert ledger.get_policy("b").max_per_release == PureDP(1)
-    ledger.register_budget(policy("b", cap="0.5"))  # exactly what is spent: allowed
+    ledger.accept_policy(policy("b", cap="0.5"), principal="admin_carol", reason="test")  # exactly what is spent: allowed
     assert ledger.status("b").remaining == PureDP.zero()
 
 
@@ -58,24 +62,24 @@ def test_lowering_the_cap_below_spent_is_refused(ledger, policy):
     ledger.register_budget(policy("b", cap=1))
     reserve(ledger, "r1", PureDP("0.6"))
     with pytest.raises(ConfigError, match="below what is already spent"):
-        ledger.register_budget(policy("b", cap="0.5"))
+        ledger.accept_policy(policy("b", cap="0.5"), principal="admin_carol", reason="test")
     assert ledger.status("b").cap == PureDP(1)
 
 
 def test_measure_change_refused_once_there_are_entries(ledger, policy):
     ledger.register_budget(policy("b", cap=1))
-    ledger.register_budget(policy("b", measure="zcdp", cap=1))  # no entries yet: allowed
+    ledger.accept_policy(policy("b", measure="zcdp", cap=1), principal="admin_carol", reason="test")  # no entries yet: allowed
     assert ledger.status("b").measure == "zcdp"
     reserve(ledger, "r1", ZCDP("0.1"))
     with pytest.raises(ConfigError, match="measure cannot change"):
-        ledger.register_budget(policy("b", measure="pure_dp", cap=1))
+        ledger.accept_policy(policy("b", measure="pure_dp", cap=1), principal="admin_carol", reason="test")
 
 
 def test_privacy_unit_change_refused_once_bound(ledger, policy):
     ledger.register_budget(policy("b"))
     ledger.bind_dataset("b", "table-uuid-1", "user")
     with pytest.raises(ConfigError, match="privacy unit cannot change"):
-        ledger.register_budget(policy("b", unit="device"))
+        ledger.accept_policy(policy("b", unit="device"), principal="admin_carol", reason="test")
 
 
 def test_register_needs_a_policy(ledger):
@@ -349,3 +353,38 @@ def test_mirror_to_delta(ledger, policy, spark, tmp_path):
     assert rows["r1"]["epsilon"] is None and rows["r1"]["seq"] == 1
     audit = spark.read.format("delta").load(apath).collect()
     assert [(a["seq"], a["decision"]) for a in audit] == [(1, "published")]
+
+
+# -- policy history (issue 13, item 15) --------------------------------------------------
+def test_policy_history_records_registration_and_accepted_changes(ledger, policy):
+    p1 = policy("b", cap=1)
+    ledger.register_budget(p1)
+    ledger.register_budget(p1)  # unchanged: nothing new recorded
+    (v1,) = ledger.policy_history("b")
+    assert (v1.version, v1.policy_hash, v1.changes) == (1, policy_hash(p1), ())
+    assert v1.policy["cap"] == {"epsilon": "1", "measure": "pure_dp"}
+    reserve(ledger, "r1", PureDP("0.5"))
+
+    p2 = policy("b", cap=2)
+    with pytest.raises(PolicyChangedError) as ei:
+        ledger.register_budget(p2)
+    assert "'b'" in str(ei.value) and "cap:" in str(ei.value) and 'accept-policy --budget b --reason' in str(ei.value)
+    assert len(ledger.policy_history("b")) == 1 and ledger.status("b").cap == PureDP(1)
+    audit_before = len(ledger.audit_rows())
+
+    rec = ledger.accept_policy(p2, principal="admin_carol", reason="yearly review")
+    assert rec.version == 2 and rec.policy_hash == policy_hash(p2)
+    assert rec.changes == ('cap: {"epsilon":"1","measure":"pure_dp"} -> {"epsilon":"2","measure":"pure_dp"}',)
+    assert ledger.accept_policy(p2, principal="admin_carol", reason="again") is None  # nothing to accept
+    ledger.register_budget(p2)
+    assert ledger.status("b").cap == PureDP(2)
+    hist = ledger.policy_history("b")
+    assert [(h.version, h.principal, h.reason) for h in hist] == [
+        (1, "dp_spark", "first registration of the budget"), (2, "admin_carol", "yearly review")]
+    assert hist[1].changes == rec.changes
+    (row,) = ledger.audit_rows()[audit_before:]
+    assert (row.principal, row.action, row.decision) == ("admin_carol", "admin", "policy_accepted")
+    detail = json.loads(row.detail)
+    assert detail["budget_id"] == "b" and detail["to"] == policy_hash(p2) and detail["from"] == policy_hash(p1)
+    ledger.verify()
+    ledger.verify("b")

@@ -147,9 +147,9 @@ def test_cap_lowered_in_a_new_window_is_allowed(ledger, policy, clock):
     ledger.register_budget(policy("b", cap=1, window="daily"))
     reserve(ledger, "d1", PureDP("0.8"))
     with pytest.raises(ConfigError, match="below what is already spent"):
-        ledger.register_budget(policy("b", cap="0.5", window="daily"))
+        ledger.accept_policy(policy("b", cap="0.5", window="daily"), principal="admin_carol", reason="t")
     clock.advance(days=1)
-    ledger.register_budget(policy("b", cap="0.5", window="daily"))
+    ledger.accept_policy(policy("b", cap="0.5", window="daily"), principal="admin_carol", reason="t")
     assert ledger.status("b").cap == PureDP("0.5")
 
 

@@ -128,7 +128,7 @@ HEAD_TAMPERING = {
 @pytest.mark.parametrize("kind", sorted(HEAD_TAMPERING))
 def test_tampered_head_or_tail_is_refused_by_reserve(ledger_factory, ledger, policy, kind):
     _seed(ledger, policy, cap=2)  # N entries of 2/N: spent 2
-    ledger.register_budget(policy("b", cap=10))  # room left, so only the integrity check can refuse
+    ledger.accept_policy(policy("b", cap=10), principal="admin", reason="room")  # room left, so only the integrity check can refuse
     ledger.verify()
     ledger_factory.drop_guards()
     for sql, params in HEAD_TAMPERING[kind](ledger_factory):
@@ -161,7 +161,7 @@ def test_a_replayed_or_deleted_summary_falls_back_to_the_whole_chain(ledger_fact
     with pytest.raises(BudgetExceededError):
         reserve(ledger, "r-new", PureDP("1/100"))
     _no_new_entry(ledger_factory)
-    ledger.register_budget(policy("b", cap=2))
+    ledger.accept_policy(policy("b", cap=2), principal="admin", reason="room")
     reserve(ledger, "r-new", PureDP("1/100"))  # rebuilds the summary at the new head
     (new,) = ledger_factory.raw("SELECT value FROM dp_ledger_meta WHERE name = ?", (name,))[0]
     assert '"seq":21' in new
