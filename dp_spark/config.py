@@ -264,7 +264,33 @@ def bounds_to_json(b: ContributionBounds) -> dict[str, Any]:
     }
 
 
-def _public_keys(raw: Any, source: str, p: str = "group_by") -> PublicKeys:
+RELATIVE_DAYS = {"today": 0, "yesterday": 1}
+
+
+def _run_date(run_date: Optional[date]) -> date:
+    """The job's date against which relative date keys resolve (UTC today by default)."""
+    if run_date is None:
+        from datetime import datetime, timezone
+
+        return datetime.now(timezone.utc).date()
+    return run_date
+
+
+def _date_bound(value: Any, source: str, field_name: str, run_date: Optional[date]) -> date:
+    """An ISO date, or ``today`` / ``yesterday``: relative to the job's date (``--date``),
+    never to the data, so the key set stays public."""
+    if isinstance(value, date):
+        return value
+    text = str(value).strip().lower()
+    if text in RELATIVE_DAYS:
+        return _run_date(run_date) - timedelta(days=RELATIVE_DAYS[text])
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise _err(source, field_name, "must be an ISO date, 'today' or 'yesterday'") from None
+
+
+def _public_keys(raw: Any, source: str, p: str = "group_by", run_date: Optional[date] = None) -> PublicKeys:
     gb = _mapping(raw, source, p)
     _check_keys(gb, {"column", "public_keys"}, source, f"{p}.")
     column = _column(_require(gb, "column", source, f"{p}."), source, f"{p}.column")
@@ -282,13 +308,16 @@ def _public_keys(raw: Any, source: str, p: str = "group_by") -> PublicKeys:
         kind = "string"
     else:
         dates = _mapping(pk["dates"], source, f"{p}.public_keys.dates")
-        _check_keys(dates, {"start", "end"}, source, f"{p}.public_keys.dates.")
-        start, end = (_require(dates, k, source, f"{p}.public_keys.dates.") for k in ("start", "end"))
-        try:
-            start = start if isinstance(start, date) else date.fromisoformat(str(start))
-            end = end if isinstance(end, date) else date.fromisoformat(str(end))
-        except ValueError:
-            raise _err(source, f"{p}.public_keys.dates", "start and end must be ISO dates") from None
+        _check_keys(dates, {"start", "end", "through"}, source, f"{p}.public_keys.dates.")
+        if ("end" in dates) == ("through" in dates):
+            raise _err(source, f"{p}.public_keys.dates", "give exactly one of 'end' or 'through' (the last day)")
+        last = "end" if "end" in dates else "through"
+        start = _require(dates, "start", source, f"{p}.public_keys.dates.")
+        if isinstance(start, str) and start.strip().lower() in RELATIVE_DAYS:
+            raise _err(source, f"{p}.public_keys.dates.start", "must be a fixed ISO date")
+        start = _date_bound(start, source, f"{p}.public_keys.dates.start", run_date)
+        end = _date_bound(_require(dates, last, source, f"{p}.public_keys.dates."), source,
+                          f"{p}.public_keys.dates.{last}", run_date)
         if end < start:
             raise _err(source, f"{p}.public_keys.dates", "end is before start")
         keys = tuple((start + timedelta(days=i)).isoformat() for i in range((end - start).days + 1))
@@ -309,7 +338,10 @@ def _grid_align(declared_lower: Fraction, declared_upper: Fraction) -> tuple[Fra
     return c.lower, c.upper, c.grid_exponent
 
 
-def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> ReleaseSpec:
+def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
+                           run_date: Optional[date] = None) -> ReleaseSpec:
+    """Validate a release spec. ``run_date``: the job's date, against which relative date keys
+    (``end: today``, ``through: yesterday``) resolve; default UTC today."""
     allowed = {
         "name", "family", "description", "dataset", "privacy_unit", "neighbouring", "metric",
         "group_by", "value", "bounds", "budget", "mean", "confidence", "on_exhausted",
@@ -358,14 +390,15 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
         if data.get("min_group_size") is not None:
             raise _err(source, "min_group_size", "is not supported on multi-statistic releases yet")
         metric = None
-        key_sets = _key_sets(data.get("group_by"), source)
+        key_sets = _key_sets(data.get("group_by"), source, run_date)
         group_by = key_sets[0] if len(key_sets) == 1 else None
         statistics = _statistics(data["statistics"], source)
     else:
         metric = _require(data, "metric", source)
         if metric not in METRICS:
             raise _err(source, "metric", f"must be one of {list(METRICS)}")
-        group_by = _public_keys(data["group_by"], source) if data.get("group_by") is not None else None
+        group_by = (_public_keys(data["group_by"], source, run_date=run_date)
+                    if data.get("group_by") is not None else None)
     max_cells = _int(data.get("max_cells", DEFAULT_MAX_CELLS), source, "max_cells")
     if max_cells > HARD_MAX_CELLS:
         raise _err(source, "max_cells", f"must be <= {HARD_MAX_CELLS}")
@@ -522,14 +555,14 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> R
     )
 
 
-def _key_sets(raw: Any, source: str) -> tuple[PublicKeys, ...]:
+def _key_sets(raw: Any, source: str, run_date: Optional[date] = None) -> tuple[PublicKeys, ...]:
     """``group_by``: absent (one global cell), one mapping, or a list of mappings."""
     if raw is None:
         return ()
     entries = raw if isinstance(raw, list) else [raw]
     if not entries:
         raise _err(source, "group_by", "must list at least one column (or be left out)")
-    out = [_public_keys(e, source, f"group_by[{i}]") for i, e in enumerate(entries)]
+    out = [_public_keys(e, source, f"group_by[{i}]", run_date) for i, e in enumerate(entries)]
     cols = [k.column for k in out]
     if len(set(cols)) != len(cols):
         raise _err(source, "group_by", "a key column is listed twice")
@@ -673,8 +706,8 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
     return raw
 
 
-def load_release_spec(path: str | os.PathLike) -> ReleaseSpec:
-    return release_spec_from_dict(load_yaml(path), source=str(path))
+def load_release_spec(path: str | os.PathLike, *, run_date: Optional[date] = None) -> ReleaseSpec:
+    return release_spec_from_dict(load_yaml(path), source=str(path), run_date=run_date)
 
 
 # --------------------------------------------------------------------------------------

@@ -341,6 +341,10 @@ def backfill(engine, spec: ReleaseSpec, start: date, end: date, *, republish: bo
 # --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
+def _today() -> date:
+    return datetime.now(timezone.utc).date()
+
+
 def parse_day(text: str, *, today: Optional[date] = None) -> date:
     """An ISO date, or ``today`` / ``yesterday`` in UTC (a scheduler's relative day)."""
     today = today or datetime.now(timezone.utc).date()
@@ -431,7 +435,8 @@ def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None, prog: str
     results: list[DayResult] = []
     try:
         env = load_env(args.env)
-        specs = [load_release_spec(c) for c in args.conf]
+        # relative date keys (``end: today``) resolve against the job's last day, never the data
+        specs = [load_release_spec(c, run_date=max(end, _today())) for c in args.conf]
         for s in specs:  # every day of every spec validated before Spark starts
             for d in days_between(start, end):
                 day_spec(s, d)

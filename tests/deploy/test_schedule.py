@@ -196,3 +196,18 @@ def test_cli_prints_one_line_per_day_and_fails_on_errors(spark, tmp_path, deploy
     assert "outside the declared dates" in captured.err and "2026-12-01" not in captured.out
     with pytest.raises(SystemExit):  # --from without --to
         refresh_main(base + ["--from", D[1].isoformat()])
+
+
+def test_rolling_spec_refreshes_a_day_after_the_old_end(spark, tmp_path, deploy_input, capsys, monkeypatch):
+    """The shipped scheduled spec (dates end: today) refreshes 2026-12-02, after the fixed
+    range of dau_daily ended, without editing the spec; a rerun is a no-op."""
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", PRINCIPAL)
+    env_file = make_env(tmp_path / "p", deploy_input)
+    conf = str(spec_path(env_file, "dau_rolling"))
+    base = ["--env", str(env_file), "--conf", conf, "--quiet", "--date", "2026-12-02"]
+    assert refresh_main(base) == 0
+    out = [l for l in capsys.readouterr().out.splitlines() if l.startswith("2026-12-02")]
+    assert len(out) == 1 and "published" in out[0] and "charge=zcdp(rho=0.02)" in out[0]
+    assert refresh_main(base) == 0
+    again = [l for l in capsys.readouterr().out.splitlines() if l.startswith("2026-12-02")]
+    assert "cache_hit" in again[0] and "charge=none" in again[0]
