@@ -55,6 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# a benchmark runs on throwaway data and warehouses: test mode lets it name its principal and
+# read exact values of its own generated data (the noise is still OpenDP's production sampler)
+os.environ.setdefault("DP_SPARK_TEST_MODE", "1")
 
 EPSILONS = (0.5, 1.0, 2.0)
 SMALL_SHARE = 0.25  # "small regions": the quarter of regions with the fewest bounded rows
