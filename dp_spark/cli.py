@@ -16,8 +16,30 @@ from dp_spark.errors import DpSparkError
 DEFAULT_ENV = "conf/envs/local.yaml"
 
 
+PUBLISH_EPILOG = """\
+how several specs are published:
+  1. every spec is validated first (spec and env files, access and pre-registration, budget
+     policy, measure and per-release maximum, dataset binding, output and input schemas
+     through a lazy plan). Any refusal here stops the job before the first charge: each
+     refused spec's error is printed; nothing is published or charged, and no release
+     table, salt or ledger is created (a refused permission is recorded in the audit log).
+  2. then each spec is published in turn; a failure (an exhausted budget, a lost input, ...)
+     does not stop the others. Every spec's outcome is printed in order: its summary, or its
+     error (never data values). The releases that succeeded are then versioned together and
+     get their privacy statements.
+
+exit codes:
+  0  every spec was published (or served: cache hit, returned_existing, degraded)
+  1  at least one spec failed while publishing, or versioning the batch failed; the other
+     specs' releases are published and printed (rerun: published ones are cache hits)
+  2  refused before any charge (bad arguments, invalid env or spec, refused validation):
+     nothing was published
+"""
+
+
 def _publish_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dp-spark publish", description="Publish pre-registered DP releases.")
+    p = argparse.ArgumentParser(prog="dp-spark publish", description="Publish pre-registered DP releases.",
+                                epilog=PUBLISH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
     p.add_argument("--conf", action="append", required=True, metavar="SPEC",
                    help="release spec YAML; repeat for several releases")
@@ -28,12 +50,20 @@ def _publish_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unexpected(exc: BaseException) -> str:
+    """An error that is not a dp_spark error (Spark, I/O): its class only, since its message
+    may quote input data."""
+    return f"{type(exc).__name__} (not a dp_spark error; its message is not shown, as it may quote data)"
+
+
 def publish_main(argv: Optional[Sequence[str]] = None) -> int:
+    """Validate every spec, then publish each; see :data:`PUBLISH_EPILOG` for the exit codes."""
     args = _publish_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dp_spark.config import load_env, load_release_spec
 
+    # 1. validate everything, for every spec, before the first charge
     try:
         env = load_env(args.env)
         specs = [load_release_spec(c) for c in args.conf]  # all validated before Spark starts
@@ -41,23 +71,60 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
             day = args.date.isoformat()
             specs = [s.for_keys((day,), name_suffix=f"_{day.replace('-', '')}") for s in specs]
         from dp_spark.engine import Engine
-        from dp_spark.governance import statement_dir
-        from dp_spark.report import print_summary
 
         engine = Engine(env, mode=args.mode, refresh="deferred")
-        results = []
-        try:
-            for spec in specs:
-                results.append((spec, engine.publish(spec)))
-        finally:
-            engine.finish()  # versions (one commit), ledger mirror and statements, once for the batch
-        for spec, result in results:
-            statement = statement_dir(env) / f"{spec.family}.md" if args.mode == "official" else None
-            print_summary(spec, result, statement)
+        validated, refused = [], []
+        for spec in specs:
+            try:
+                validated.append(engine.validate(spec))
+            except DpSparkError as exc:
+                refused.append((spec, exc))
+        if refused:
+            for spec, exc in refused:
+                print(f"dp-spark: error: {spec.name}: {exc}", file=sys.stderr)
+            print(f"dp-spark: {len(refused)} of {len(specs)} specs refused before any charge; "
+                  f"nothing was published", file=sys.stderr)
+            return 2
+        for v in validated:  # budget registration and dataset binding: refusals charge nothing
+            engine.admit(v)
     except DpSparkError as exc:
         print(f"dp-spark: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+
+    # 2. publish each; one failure does not stop the others
+    from dp_spark.governance import statement_dir
+    from dp_spark.report import print_failure, print_summary
+
+    outcomes = []
+    for v in validated:
+        try:
+            outcomes.append((v.spec, engine.publish(v.spec, validated=v), None))
+        except DpSparkError as exc:
+            outcomes.append((v.spec, None, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - reported per spec; the other specs still run
+            logging.getLogger("dp_spark.cli").error("%s: publish failed with %s", v.spec.name, type(exc).__name__)
+            outcomes.append((v.spec, None, _unexpected(exc)))
+    finish_error = None
+    try:
+        engine.finish()  # versions (one commit), ledger mirror and statements, for what succeeded
+    except DpSparkError as exc:
+        finish_error = str(exc)
+    except Exception as exc:  # noqa: BLE001
+        finish_error = _unexpected(exc)
+    for spec, result, error in outcomes:
+        if result is not None:
+            statement = statement_dir(env) / f"{spec.family}.md" if args.mode == "official" else None
+            print_summary(spec, result, statement)
+        else:
+            print_failure(spec, error)
+            print(f"dp-spark: error: {spec.name}: {error}", file=sys.stderr)
+    failed = sum(1 for _, result, _ in outcomes if result is None)
+    if finish_error is not None:
+        print(f"dp-spark: error: versioning the batch failed: {finish_error}; the releases above are "
+              f"committed: rerun the job (they are cache hits) to version them", file=sys.stderr)
+    if failed:
+        print(f"dp-spark: {failed} of {len(outcomes)} specs failed", file=sys.stderr)
+    return 1 if failed or finish_error is not None else 0
 
 
 def generate_demo_main(argv: Optional[Sequence[str]] = None) -> int:

@@ -2,8 +2,10 @@
 
 ::
 
-    spec (validated) -> snapshot pin -> release_id -> ledger: committed? -> stored release
-      -> lazy Spark plan (schema checked) -> reserve budget (exactly once)
+    spec -> validate (access, policy, per-release maximum, snapshot pin, release_id, output
+            and input schemas through the lazy Spark plan: nothing created, nothing charged)
+      -> ledger: committed? -> stored release
+      -> release table, salt -> reserve budget (exactly once)
       -> executors: bound per unit, partials per public key -> collect O(keys)
       -> driver: noise (one draw per cell), post-processing, intervals
       -> Delta append insert-if-absent by release_id (idempotent write) -> ledger commit
@@ -42,7 +44,7 @@ from dp_spark.errors import (
     ReleaseConflictError,
 )
 from dp_spark.events import ComposedEvent, canonical_json
-from dp_spark.ledger import open_ledger
+from dp_spark.ledger import ReleaseLimitExceededError, open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.mechanisms.mean import (
     mean_from_noisy,
@@ -75,6 +77,35 @@ class ReleaseResult:
 
     def values(self, statistic: str) -> dict[str, float]:
         return {r["key"]: r["value"] for r in self.rows if r["statistic"] == statistic}
+
+
+@dataclass(frozen=True)
+class ValidatedRelease:
+    """A spec that :meth:`Engine.validate` found publishable, with what validating it fixed:
+    the budget policy, the plan, the pinned input snapshot, the release id and the lazy
+    partials (built with the warehouse's salt, or with a provisional in-memory salt when
+    there is none yet: ``salt`` is then None and publishing rebuilds them with the real one).
+    Validating created, charged and recorded nothing."""
+
+    spec: ReleaseSpec
+    policy: BudgetPolicy
+    plan: Any
+    snapshot: Any
+    release_id: str
+    path: str
+    partials_df: Any
+    salt: Optional[str]
+
+
+class _LedgerOnUse:
+    """Stands for an engine's ledger and opens it only when a method is called (an audited
+    refusal): validating a spec does not create a SQLite ledger file."""
+
+    def __init__(self, engine: "Engine"):
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine.ledger, name)
 
 
 # --------------------------------------------------------------------------------------
@@ -379,7 +410,10 @@ class Engine:
 
             spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
         self.spark = spark
-        self.ledger = ledger or open_ledger(env.ledger_url, clock=clock)
+        # opened on first use (the ``ledger`` property): a release refused while being
+        # validated creates no ledger file
+        self._ledger = ledger
+        self._ledger_clock = clock
         self.source = source or default_source()
         from dp_spark.governance.access import access_policy_for_env, resolve_principal
 
@@ -392,6 +426,24 @@ class Engine:
     def table_path(self, spec: ReleaseSpec) -> str:
         root = self.env.output_root if self.mode == "official" else self.env.exploration_root
         return f"{root}/{spec.family}"
+
+    @property
+    def ledger(self):
+        """The SQL ledger, opened (for SQLite: created) on first use."""
+        if self._ledger is None:
+            self._ledger = open_ledger(self.env.ledger_url, clock=self._ledger_clock)
+        return self._ledger
+
+    @ledger.setter
+    def ledger(self, value) -> None:
+        self._ledger = value
+
+    def _ledger_exists(self) -> bool:
+        """Whether the ledger may hold rows already (open, not SQLite, or its file exists)."""
+        if self._ledger is not None:
+            return True
+        path = sqlite_path(self.env.ledger_url)
+        return path is None or Path(path).exists()
 
     def policy_for(self, spec: ReleaseSpec) -> BudgetPolicy:
         if spec.budget_id not in self.policies:
@@ -464,16 +516,23 @@ class Engine:
         return self._result(spec, release_id, path, status, read_release(self.spark, path, release_id), note=note)
 
     # -- the protocol ---------------------------------------------------------------------
-    def publish(self, spec: ReleaseSpec, *, snapshot=None, _degraded_from: Optional[str] = None) -> ReleaseResult:
-        """Publish ``spec`` (see the module docstring). ``snapshot``: an input snapshot the caller
-        already pinned (a :class:`~dp_spark.release.writer.Snapshot` of the spec's dataset), read
-        instead of pinning it again."""
-        from dp_spark.aggregations.query import build_query_partials
+    def validate(self, spec: ReleaseSpec, *, snapshot=None) -> ValidatedRelease:
+        """Everything about ``spec`` that can be checked before a charge, creating nothing.
+
+        Access and pre-registration (a refusal is audited), the budget policy (declared,
+        measure, dataset, unit) and its per-release maximum, the plan, the input snapshot
+        (pinned here unless given), the dataset's binding to a budget (when the ledger exists),
+        the release table's schema (if the table exists) and the input schema, through the lazy
+        partials. No release table, salt file, ledger file or ledger row is created: those are
+        made by :meth:`publish`, once the release is known to be valid. A batch job validates
+        all its specs before publishing the first (``dp-spark publish``).
+        """
         from dp_spark.governance.access import authorize
-        from dp_spark.release.writer import ensure_release_table, pin_snapshot, release_present
+        from dp_spark.release.writer import check_release_table, pin_snapshot
+        from dp_spark.salt import read_salt
 
         # who may run this spec, in this mode? (refusals are audited; nothing is read)
-        authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec, ledger=self.ledger,
+        authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec, ledger=_LedgerOnUse(self),
                   budget_id=spec.budget_id)
         policy = self.policy_for(spec)
         plan = plan_for(spec)  # every privacy parameter, before data is touched
@@ -482,16 +541,66 @@ class Engine:
         cost = acc.compose([s.event for s in plan.statistics])
         if not cost.fits_in(charge):  # calibration rounds scales up, so the cost never exceeds the charge
             raise DpSparkError("internal: planned cost exceeds the declared charge")
-        self.ledger.register_budget(policy)
+        if policy.max_per_release is not None and not charge.fits_in(policy.max_per_release):
+            # a property of the spec and the policy: refused whatever is spent (the ledger's
+            # reserve checks it again against the registered policy)
+            raise ReleaseLimitExceededError(spec.budget_id, policy.max_per_release, None, charge)
 
         location = self.env.dataset_location(spec.dataset)
         if snapshot is None:
             snapshot = pin_snapshot(self.spark, location)
         elif snapshot.location != location:
             raise ConfigError(f"{spec.source}: the snapshot given is of '{snapshot.location}', not of '{location}'")
-        self.ledger.bind_dataset(spec.budget_id, snapshot.table_id, spec.unit.kind.value)
+        if self._ledger_exists():  # read only: a fresh ledger has no bindings
+            bound = self.ledger.budget_for_dataset(snapshot.table_id, spec.unit.kind.value)
+            if bound is not None and bound != spec.budget_id:
+                raise ConfigError(
+                    f"{spec.source}: dataset identity {snapshot.table_id!r} (unit {spec.unit.kind.value!r}) is "
+                    f"already governed by budget {bound!r}; it cannot also draw on budget {spec.budget_id!r} "
+                    f"(a copied config or a new budget id does not reset a budget)")
         release_id = release_id_for(spec, snapshot.table_id, snapshot.version, self.mode)
         path = self.table_path(spec)
+        check_release_table(self.spark, path)
+        # the input schema fails here, in the lazy plan; without a salt yet, a provisional one
+        # (never stored, never used for data) stands in for the analysis
+        salt = read_salt(self.env.salt_file)
+        partials_df = self._partials(spec, plan, snapshot, salt or secrets.token_hex(32))
+        return ValidatedRelease(spec=spec, policy=policy, plan=plan, snapshot=snapshot, release_id=release_id,
+                                path=path, partials_df=partials_df, salt=salt)
+
+    def _partials(self, spec: ReleaseSpec, plan, snapshot, salt: str):
+        from dp_spark.aggregations.query import build_query_partials
+
+        return (build_query_partials(snapshot.reader(self.spark), plan, salt) if spec.statistics
+                else build_partials(snapshot.reader(self.spark), spec, salt))
+
+    def admit(self, validated: ValidatedRelease) -> None:
+        """Register the spec's budget policy in the ledger and bind the input to the budget
+        (idempotent; refused when the ledger forbids the policy change or the binding).
+        :meth:`publish` does it; a batch job does it for all its specs before the first charge."""
+        spec, snapshot = validated.spec, validated.snapshot
+        self.ledger.register_budget(validated.policy)
+        self.ledger.bind_dataset(spec.budget_id, snapshot.table_id, spec.unit.kind.value)
+
+    def publish(self, spec: ReleaseSpec, *, snapshot=None, validated: Optional[ValidatedRelease] = None,
+                _degraded_from: Optional[str] = None) -> ReleaseResult:
+        """Publish ``spec`` (see the module docstring). ``snapshot``: an input snapshot the caller
+        already pinned (a :class:`~dp_spark.release.writer.Snapshot` of the spec's dataset), read
+        instead of pinning it again. ``validated``: what :meth:`validate` returned for ``spec``
+        (then it is not validated again, and its snapshot is the one read).
+
+        A release refused before its charge (access, policy, per-release maximum, input or
+        output schema) creates nothing: no release table, salt file, ledger file or row
+        (except the audit row of a refused permission)."""
+        from dp_spark.release.writer import ensure_release_table, release_present
+
+        if validated is None:
+            validated = self.validate(spec, snapshot=snapshot)
+        elif validated.spec is not spec:
+            raise ConfigError(f"{spec.source}: the validated release given is of another spec")
+        policy, plan, snapshot = validated.policy, validated.plan, validated.snapshot
+        release_id, path, charge = validated.release_id, validated.path, spec.charge
+        self.admit(validated)
 
         # 1. already released? (cache hit: no charge, no new noise)
         entry = self.ledger.find(release_id)
@@ -507,11 +616,11 @@ class Engine:
             self._version(spec, release_id)
             return self._stored(spec, release_id, path, "healed")
 
-        # 2. everything that can fail on schema fails now, before any charge
+        # 2. the release is valid (validate): now create the table and the salt
         ensure_release_table(self.spark, path)
-        salt = read_or_create_salt(self.env.salt_file)
-        partials_df = (build_query_partials(snapshot.reader(self.spark), plan, salt) if spec.statistics
-                       else build_partials(snapshot.reader(self.spark), spec, salt))
+        partials_df = validated.partials_df
+        if validated.salt is None:  # validated with a provisional salt: the real one now
+            partials_df = self._partials(spec, plan, snapshot, read_or_create_salt(self.env.salt_file))
 
         # 3. reserve (compare-and-set; exactly once)
         owner = uuid.uuid4().hex

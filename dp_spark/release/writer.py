@@ -184,26 +184,40 @@ def table_exists(spark: SparkSession, path: str) -> bool:
     return _delta_schema(spark, path) is not None
 
 
+def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
+    """Refuse (``OutputSchemaError``) an existing table at ``path`` that a release cannot be
+    written into. Creates and changes nothing: ``"absent"`` (no table yet), ``"needs_keys"``
+    (a table written before the ``keys`` column existed) or ``"ok"``."""
+    existing = _delta_schema(spark, path)
+    if existing is None:
+        return "absent"
+    want = {(f.name, f.dataType.simpleString()) for f in RELEASE_SCHEMA.fields}
+    have = {(f.name, f.dataType.simpleString()) for f in existing.fields}
+    if want - have == {("keys", "map<string,string>")} and not have - want:
+        return "needs_keys"
+    if want != have:
+        missing = sorted(n for n, _ in want - have)
+        raise OutputSchemaError(
+            f"output table '{path}' exists with another schema (differs in: {missing[:5]}); "
+            "choose another output_root or migrate the table"
+        )
+    return "ok"
+
+
 def ensure_release_table(spark: SparkSession, path: str) -> None:
     """Create the family's table if absent; refuse an existing table with another schema.
 
-    Runs before any budget is reserved, so a schema clash charges nothing.
+    Runs before any budget is reserved, so a schema clash charges nothing; the engine calls
+    :func:`check_release_table` earlier still, while validating, so a refused release does
+    not create the table.
     """
-    existing = _delta_schema(spark, path)
-    if existing is not None:
-        want = {(f.name, f.dataType.simpleString()) for f in RELEASE_SCHEMA.fields}
-        have = {(f.name, f.dataType.simpleString()) for f in existing.fields}
-        if want - have == {("keys", "map<string,string>")} and not have - want:
-            # a table written before the ``keys`` column existed: add it (metadata only;
-            # its old rows read it as null)
-            spark.sql(f"ALTER TABLE {_sql_ref(path)} ADD COLUMNS (keys MAP<STRING, STRING>)")
-            return
-        if want != have:
-            missing = sorted(n for n, _ in want - have)
-            raise OutputSchemaError(
-                f"output table '{path}' exists with another schema (differs in: {missing[:5]}); "
-                "choose another output_root or migrate the table"
-            )
+    state = check_release_table(spark, path)
+    if state == "needs_keys":
+        # a table written before the ``keys`` column existed: add it (metadata only;
+        # its old rows read it as null)
+        spark.sql(f"ALTER TABLE {_sql_ref(path)} ADD COLUMNS (keys MAP<STRING, STRING>)")
+        return
+    if state == "ok":
         return
     empty = spark.createDataFrame([], RELEASE_SCHEMA)
     try:

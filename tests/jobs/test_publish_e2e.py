@@ -293,7 +293,7 @@ def test_missing_column_charges_nothing(spark, warehouse):
     with pytest.raises(SchemaError) as exc:
         eng.publish(spec)
     assert "basket_value" in str(exc.value)
-    assert ledger_entries(eng) == []
+    assert eng.ledger.entries() == []  # refused before the budget is even registered
 
 
 def test_output_with_other_schema_is_refused_before_charging(spark, warehouse):
@@ -302,7 +302,7 @@ def test_output_with_other_schema_is_refused_before_charging(spark, warehouse):
     eng = engine(spark, warehouse)
     with pytest.raises(OutputSchemaError):
         eng.publish(register(warehouse, "dau_daily"))
-    assert ledger_entries(eng) == []
+    assert eng.ledger.entries() == []  # refused before the budget is even registered
 
 
 def test_copied_table_under_new_budget_is_refused(spark, warehouse, tmp_path):
@@ -385,7 +385,7 @@ def test_a_given_snapshot_is_used_and_must_be_of_the_specs_dataset(spark, wareho
     eng = engine(spark, warehouse)
     with pytest.raises(ConfigError, match="snapshot given"):
         eng.publish(dau, snapshot=Snapshot(location="/elsewhere", table_id="x", version=0))
-    assert ledger_entries(eng) == []
+    assert eng.ledger.entries() == []  # refused before the budget is even registered
     snap = pin_snapshot(spark, load_env(warehouse).dataset_location(dau.dataset))
     res = eng.publish(dau, snapshot=snap)
     assert res.status == "published" and {r["input_version"] for r in res.rows} == {snap.version}
