@@ -5,6 +5,10 @@ decide a charge. Exact charges are kept as canonical JSON (``charge``); ``epsilo
 ``rho`` and ``delta`` are float copies for charts and queries. The mirror holds no data
 values: the ledger and the audit log never contain any.
 
+``dp-spark budget rebuild-mirror --env ENV`` (:func:`rebuild_mirror_command`) rebuilds both
+tables from the SQL ledger on demand: after a failed refresh (the engine only logs a warning),
+or when a mirror table's Delta log is damaged (a derived table: it is replaced, never repaired).
+
 Only this module of dp_spark.ledger imports pyspark.
 """
 
@@ -18,7 +22,7 @@ from pyspark.sql import types as T
 from dp_spark.background import alongside
 from dp_spark.ledger.base import Ledger, charge_text
 
-__all__ = ["ENTRY_SCHEMA", "AUDIT_SCHEMA", "mirror_to_delta"]
+__all__ = ["ENTRY_SCHEMA", "AUDIT_SCHEMA", "mirror_to_delta", "rebuild_mirror", "rebuild_mirror_command"]
 
 ENTRY_SCHEMA = T.StructType([
     T.StructField("budget_id", T.StringType(), False),
@@ -99,3 +103,74 @@ def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str)
     with alongside(overwrite, audit, AUDIT_SCHEMA, audit_path, name="dp_spark-audit-mirror"):
         overwrite(entries, ENTRY_SCHEMA, ledger_path)
     return len(entries), len(audit)
+
+
+def _replace_damaged(spark, path: str) -> bool:
+    """If a Delta table exists at ``path`` but cannot be read, delete it (a mirror is derived
+    from the SQL ledger, so nothing is lost) and return True; False when it is readable or
+    absent. Only local paths are deleted here; elsewhere the error says to remove it."""
+    from dp_spark.errors import OutputSchemaError
+    from dp_spark.release.writer import _delta_schema
+
+    try:
+        _delta_schema(spark, path)
+        return False
+    except OutputSchemaError:
+        local = path[len("file:"):] if path.startswith("file:") else path
+        if "://" in path and not path.startswith("file:"):
+            raise OutputSchemaError(
+                f"ledger mirror '{path}' exists but cannot be read; it is derived from the SQL ledger: "
+                "remove it and rerun rebuild-mirror") from None
+        import shutil
+
+        shutil.rmtree(local)
+        return True
+
+
+def rebuild_mirror(env, *, spark=None, ledger: Ledger | None = None) -> tuple[int, int, list[str]]:
+    """Rebuild the env's two mirror tables (``ledger_mirror``, ``audit_mirror``) from its SQL
+    ledger (verified first). A mirror table whose Delta log is damaged is replaced.
+
+    Returns (entries written, audit rows written, paths of damaged tables replaced). Never
+    creates a ledger: a SQLite ledger file that does not exist is a LedgerError."""
+    from dp_spark.errors import LedgerError
+    from dp_spark.ledger import open_ledger, sqlite_path
+
+    own = ledger is None
+    if own:
+        db = sqlite_path(env.ledger_url)
+        if db is not None:
+            from pathlib import Path
+
+            if not Path(db).exists():
+                raise LedgerError(f"no ledger at {db}: nothing to mirror")
+            ledger = open_ledger(env.ledger_url, create=False)
+        else:
+            ledger = open_ledger(env.ledger_url)
+    try:
+        if spark is None:
+            from dp_spark.spark import get_or_create_session
+
+            spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
+        ledger.verify()  # before touching the mirror: a tampered ledger is not mirrored
+        replaced = [p for p in (env.ledger_mirror, env.audit_mirror) if _replace_damaged(spark, p)]
+        n_entries, n_audit = mirror_to_delta(ledger, spark, ledger_path=env.ledger_mirror,
+                                             audit_path=env.audit_mirror)
+        return n_entries, n_audit, replaced
+    finally:
+        if own:
+            ledger.close()
+
+
+def rebuild_mirror_command(env_path: str, out, *, spark=None) -> int:
+    """``dp-spark budget rebuild-mirror --env ENV``: rebuild the mirror, print what was written."""
+    from dp_spark.config import load_env
+
+    env = load_env(env_path)
+    n_entries, n_audit, replaced = rebuild_mirror(env, spark=spark)
+    for p in replaced:
+        print(f"replaced damaged mirror table {p}", file=out)
+    # (the ledger URL is not printed: a PostgreSQL URL may hold a password)
+    print(f"ledger mirror rebuilt from the SQL ledger: {n_entries} entries -> {env.ledger_mirror}, "
+          f"{n_audit} audit rows -> {env.audit_mirror}", file=out)
+    return 0

@@ -22,6 +22,7 @@ same either way (tested).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -164,8 +165,53 @@ def _sql_snapshot(spark: SparkSession, location: str) -> Snapshot:
     return Snapshot(location=location, table_id=str(detail["id"]), version=int(hist["version"]))
 
 
+#: Error conditions meaning "there is no table here" (as opposed to "a table that cannot be read").
+_NO_TABLE_CONDITIONS = frozenset({
+    "PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE", "DELTA_PATH_DOES_NOT_EXIST",
+    "TABLE_OR_VIEW_NOT_FOUND", "DELTA_TABLE_NOT_FOUND_STREAMING",
+})
+_CONDITION_RE = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
+
+
+def _condition(exc: BaseException) -> Optional[str]:
+    """The error condition of a Spark/Delta exception (``PATH_NOT_FOUND``, ...) or None: the
+    exception's own (Spark Connect, captured AnalysisException), else the first ``[NAME]`` of
+    its text (a Py4J error carries the JVM message)."""
+    for getter in ("getCondition", "getErrorClass"):
+        try:
+            cond = getattr(exc, getter)()
+        except Exception:
+            cond = None
+        if cond:
+            return str(cond)
+    m = _CONDITION_RE.search(str(exc)[:4000])
+    return m.group(1) if m else None
+
+
+class UnreadableTableError(OutputSchemaError):
+    """A Delta table exists at a location but cannot be read (a damaged or truncated
+    transaction log, unreadable files, no permission). Never "no table": nothing is created
+    or healed over it. The message names the location and the error condition, never data."""
+
+
+def _unreadable(location: str, exc: BaseException) -> UnreadableTableError:
+    cond = _condition(exc) or type(exc).__name__
+    return UnreadableTableError(
+        f"Delta table '{location}' exists but cannot be read ({cond}): its transaction log may be "
+        "damaged. Nothing was read or written; restore the table (or its _delta_log) from a backup, "
+        "or move it aside, then rerun"
+    )
+
+
 def _delta_schema(spark: SparkSession, location: str) -> Optional[T.StructType]:
-    """The schema of the Delta table at ``location``, or None when there is none.
+    """The schema of the Delta table at ``location``; None when there is **no table** there
+    (the path does not exist, holds no Delta log with a commit, or the catalog has no such
+    table; a catalog table in another format also counts as none).
+
+    Raises :class:`UnreadableTableError` (an ``OutputSchemaError``) when a table exists but
+    cannot be read: a garbled, truncated or partly deleted ``_delta_log``, unreadable files.
+    Such a table is never taken for an absent one (a cache hit would serve 0 cells, a crash
+    after the write would not be healed, a new table could be created over it).
 
     For a path this resolves the table's (cached) Delta log without running a Spark job
     (milliseconds); a catalog name is checked with ``DESCRIBE DETAIL``.
@@ -176,8 +222,10 @@ def _delta_schema(spark: SparkSession, location: str) -> Optional[T.StructType]:
         if spark.sql(f"DESCRIBE DETAIL {_sql_ref(location)}").select("format").first()["format"] != "delta":
             return None
         return spark.read.table(location).schema
-    except Exception:
-        return None
+    except Exception as exc:
+        if _condition(exc) in _NO_TABLE_CONDITIONS:
+            return None
+        raise _unreadable(location, exc) from None
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:
@@ -279,26 +327,41 @@ def same_cells(stored: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool
     return len(stored) == len(rows) and cells(stored) == cells(rows)
 
 
+def _read(path: str, action):
+    """Run a read of the release table; a failure is an :class:`UnreadableTableError` naming
+    the path (the table's schema resolved, e.g. from a checksum file, but its log or files do
+    not read), never an empty answer."""
+    try:
+        return action()
+    except Exception as exc:
+        raise _unreadable(path, exc) from None
+
+
 def read_release(spark: SparkSession, path: str, release_id: str) -> list[dict[str, Any]]:
-    """The cells of one release id, ordered by (statistic, key); [] when there are none."""
+    """The cells of one release id, ordered by (statistic, key); [] when there are none (or no
+    table). UnreadableTableError when the table exists but cannot be read."""
     if _delta_schema(spark, path) is None:
         return []
-    df = spark.read.format("delta").load(path).where(F.col("release_id") == release_id)
-    return [r.asDict() for r in df.orderBy("statistic", "key").collect()]
+    return _read(path, lambda: [r.asDict() for r in spark.read.format("delta").load(path)
+                                .where(F.col("release_id") == release_id).orderBy("statistic", "key").collect()])
 
 
 def release_present(spark: SparkSession, path: str, release_id: str) -> bool:
     if _delta_schema(spark, path) is None:
         return False
-    df = spark.read.format("delta").load(path).where(F.col("release_id") == release_id)
-    return len(df.select("release_id").limit(1).collect()) > 0
+    return _read(path, lambda: len(spark.read.format("delta").load(path).where(F.col("release_id") == release_id)
+                                   .select("release_id").limit(1).collect()) > 0)
 
 
 def latest_release_id(spark: SparkSession, path: str, family: str, exclude: Optional[str] = None) -> Optional[str]:
     if _delta_schema(spark, path) is None:
         return None
-    df = spark.read.format("delta").load(path).where(F.col("release_family") == family)
-    if exclude:
-        df = df.where(F.col("release_id") != exclude)
-    row = df.groupBy("release_id").agg(F.max("created_at").alias("t")).orderBy(F.col("t").desc()).first()
+
+    def latest():
+        df = spark.read.format("delta").load(path).where(F.col("release_family") == family)
+        if exclude:
+            df = df.where(F.col("release_id") != exclude)
+        return df.groupBy("release_id").agg(F.max("created_at").alias("t")).orderBy(F.col("t").desc()).first()
+
+    row = _read(path, latest)
     return None if row is None else row["release_id"]
