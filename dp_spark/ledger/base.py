@@ -968,11 +968,21 @@ class SqlLedger(Ledger):
             )
             return None if row is None else self._check_binding(row)
 
-        def conflict(other: str) -> ConfigError:
+        def conflict(other: str, cur: Optional[_Cursor] = None) -> ConfigError:
+            how = ""
+            if cur is not None:
+                try:
+                    measure = self._load_budget(cur, other, lock=False).policy.measure
+                    amount = "rho: ..." if measure == "zcdp" else "epsilon: ..."
+                    how = (f" To publish from this data, charge that budget: "
+                           f"budget: {{id: {other}, measure: {measure}, {amount}}} in the spec.")
+                except DpSparkError:  # an unreadable budget row: the message stays useful without the hint
+                    how = ""
             return ConfigError(
                 f"dataset identity {dataset_identity!r} (unit {privacy_unit!r}) is already governed "
-                f"by budget {other!r}; it cannot also draw on budget {budget_id!r} "
-                f"(a copied config or a new budget id does not reset a budget)"
+                f"by budget {other!r}; it cannot also draw on budget {budget_id!r}: one budget per "
+                f"dataset and unit, so that one accountant composes every release of it (a copied "
+                f"config or a new budget id does not reset a budget).{how}"
             )
 
         def fn(cur: _Cursor) -> None:
@@ -984,7 +994,7 @@ class SqlLedger(Ledger):
             other = existing(cur)
             if other is not None:
                 if other != budget_id:
-                    raise conflict(other)
+                    raise conflict(other, cur)
                 return
             stamp = ts_text(self._now(None))
             n = cur.x(
@@ -998,7 +1008,7 @@ class SqlLedger(Ledger):
                 if other is None:
                     raise _Retry()
                 if other != budget_id:
-                    raise conflict(other)
+                    raise conflict(other, cur)
 
         self._run("bind_dataset", fn, write=True)
 

@@ -101,8 +101,11 @@ def test_bind_dataset_to_another_budget_is_refused(ledger, policy):
     ledger.register_budget(policy("b"))
     ledger.register_budget(policy("copy_of_b"))
     ledger.bind_dataset("b", "delta-table-id-1", "user")
-    with pytest.raises(ConfigError, match="already governed by budget 'b'"):
+    with pytest.raises(ConfigError, match="already governed by budget 'b'") as exc:
         ledger.bind_dataset("copy_of_b", "delta-table-id-1", "user")
+    # the error says which budget governs the data and how to charge it
+    measure = policy("b").measure
+    assert f"budget: {{id: b, measure: {measure}," in str(exc.value)
     assert ledger.budget_for_dataset("delta-table-id-1", "user") == "b"
 
 
