@@ -94,7 +94,7 @@ def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: 
     _, _, md = build_and_write_statement(
         spark, family=family, ledger=ledger, releases_dir=releases_dir,
         releases_path=f"{env.output_root}/{family}", published_path=published_path_for(env.output_root),
-        out_dir=statement_dir(env), summaries=summaries)
+        out_dir=statement_dir(env), summaries=summaries, lease_seconds=getattr(env, "lease_seconds", None))
     return md
 
 

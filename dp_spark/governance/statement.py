@@ -17,6 +17,16 @@ and bounds of each release match its spec; at most one version is current. A sta
 problems is refused by :func:`write_statement` (unless forced): an inconsistent statement
 must not be published.
 
+Concurrent runs of one family (two backfill dates, two day-restricted publications) see each
+other's releases half-way: rows written while the ledger entry is still reserved, or
+committed but not yet versioned (a deferred run versions in its ``finish()``). Such a release
+is *pending*, not a problem: it is listed under ``pending`` and left out of the checks that
+need a version, and its owner's refresh adds it. Pending means: its ledger entry is reserved
+with a live lease, or committed less than one lease ago (``lease_seconds``; by default the
+lease the entry was reserved with). Past that, an unversioned release in the table is a real
+inconsistency again (a run that crashed before versioning: rerun it), as is a versioned release
+without rows, a version whose entry is not committed, or a release row without any entry.
+
 :func:`statement_markdown` renders the dict; :func:`write_statement` writes
 ``<family>.json`` and ``<family>.md``. :func:`build_and_write_statement` reads the inputs with
 Spark and writes the statement (what the engine calls after a publish and after a rollback).
@@ -31,7 +41,7 @@ import json
 import math
 import os
 from collections import OrderedDict
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -137,6 +147,35 @@ def _statement_of(total: Budget, policy: Any) -> dict[str, Any]:
     return {"epsilon": st.get("epsilon"), "delta": st.get("delta")}
 
 
+def _clock_now(ledger: Any, now: Optional[datetime]) -> datetime:
+    """``now`` as aware UTC; by default the ledger's clock (its entries' time base)."""
+    if now is None:
+        clock = getattr(ledger, "_clock", None) or getattr(ledger, "clock", None)
+        try:
+            now = clock() if callable(clock) else None
+        except Exception:
+            now = None
+    now = now or datetime.now(timezone.utc)
+    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
+
+
+def _pending_reason(e: Any, now: datetime, lease_seconds: Optional[float]) -> Optional[str]:
+    """Why an unversioned release with ledger entry ``e`` is still pending (its run is live),
+    or None when it is not (no entry, lease expired, committed for longer than a lease)."""
+    if e is None:
+        return None
+    if e.state == "reserved" and e.lease_expires_at > now:
+        return (f"reserved by a live run (lease until {_iso(e.lease_expires_at)}): its run commits and "
+                "versions it")
+    if e.state == "committed" and e.committed_at is not None:
+        lease = (timedelta(seconds=float(lease_seconds)) if lease_seconds is not None
+                 else max(e.lease_expires_at - e.created_at, timedelta(0)))
+        if now < e.committed_at + lease:
+            return (f"committed {_iso(e.committed_at)}, not versioned yet: its run versions it when it "
+                    "finishes")
+    return None
+
+
 def summarise_release_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One summary per release id from release-table rows (already-summarised rows, i.e.
     carrying ``suppressed_keys``, pass through). Ordered by creation time."""
@@ -240,6 +279,7 @@ def privacy_statement(
     *,
     policies: Optional[Mapping[str, Any]] = None,
     now: Optional[datetime] = None,
+    lease_seconds: Optional[float] = None,
 ) -> dict[str, Any]:
     """The statement of ``family`` (see the module docstring).
 
@@ -247,7 +287,9 @@ def privacy_statement(
     with ``entries(budget_id)``, ``status(budget_id)`` and ideally ``get_policy(budget_id)``
     (else pass ``policies``: budget id -> BudgetPolicy). ``releases``: the family's official
     release-table rows, or their summaries (:func:`summarise_release_rows`). ``published``:
-    the family's rows of the versions table.
+    the family's rows of the versions table. ``now`` (default: the ledger's clock) and
+    ``lease_seconds`` decide which unversioned releases are still *pending* (see the module
+    docstring).
     """
     specs = [s for s in specs if s.family == family]
     if not specs:
@@ -275,6 +317,11 @@ def privacy_statement(
     all_entries = {bid: list(ledger.entries(bid)) for bid in budget_ids}
     fam_entries = {bid: [e for e in es if e.release_family == family] for bid, es in all_entries.items()}
     entry_of = {e.release_id: e for es in fam_entries.values() for e in es}
+    t_now = _clock_now(ledger, now)
+    # releases of other live runs, seen half-way: in the table, not versioned yet
+    pending = {r["release_id"]: why for r in rels
+               if r["release_id"] not in version_of and r.get("mode", "official") == "official"
+               and (why := _pending_reason(entry_of.get(r["release_id"]), t_now, lease_seconds)) is not None}
 
     # -- per release (every charge of this family, published or not) -----------------------
     per_release = []
@@ -290,8 +337,9 @@ def privacy_statement(
                 "in_release_table": rel is not None,
                 "version_no": None if v is None else int(v["version_no"]),
                 "version_state": None if v is None else v["state"],
-                "kind": "official" if rel is not None else "not in the official table (exploration, or "
-                        "reserved and never written)",
+                "kind": ("pending: " + pending[e.release_id]) if e.release_id in pending else
+                        "official" if rel is not None else "not in the official table (exploration, "
+                        "reserved and not written yet, or never written)",
             })
 
     # -- windows ----------------------------------------------------------------------------
@@ -394,7 +442,7 @@ def privacy_statement(
         if e is None:
             problems.append(f"release {rid} is in the release table but has no ledger entry of this family")
         else:
-            if e.state != "committed":
+            if e.state != "committed" and rid not in pending:
                 problems.append(f"release {rid}: ledger entry is {e.state}, not committed")
             try:
                 recorded = budget_from_json(json.loads(rel["charge_json"])["charge"])
@@ -419,8 +467,11 @@ def privacy_statement(
             if how == "exact" and rel.get("bounds_json") is not None and \
                     json.loads(rel["bounds_json"]) != bounds_to_json(spec.bounds):
                 problems.append(f"release {rid}: bounds differ from its spec")
-        if rid not in version_of and rel.get("mode", "official") == "official":
-            problems.append(f"release {rid} is in the official table but has no version")
+        if rid not in version_of and rel.get("mode", "official") == "official" and rid not in pending:
+            e = entry_of.get(rid)
+            since = "" if e is None or e.committed_at is None else f" (committed {_iso(e.committed_at)})"
+            problems.append(f"release {rid} is in the official table but has no version{since}: its run "
+                            "ended before versioning it; rerun it (a cache hit versions it)")
         mgs = getattr(spec, "min_group_size", None) if spec is not None else None
         thresholds.append({"release_id": rid, "suppressed_keys": rel.get("suppressed_keys", []),
                            "suppressed_cells": len(rel.get("suppressed_keys", [])),
@@ -474,6 +525,8 @@ def privacy_statement(
         "thresholds": {"applied_to": "noisy counts only (post-processing, no budget)", "per_release": thresholds},
         "limitations": limitations,
         "errata": errata,
+        "pending": [{"release_id": rid, "release_name": rel_by_id[rid].get("release_name"), "why": why}
+                    for rid, why in pending.items()],
         "consistency": {"ok": not problems, "problems": problems},
     }
 
@@ -610,6 +663,15 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         add(f"| {v['version_no']} | `{v['release_id'][:16]}` | {v['state']} | {v['published_by']} | "
             f"{v['published_at']} | {_st(v['statement'])} |")
     add("")
+    if d.get("pending"):
+        add("## Pending releases")
+        add("")
+        add("Published by runs still in progress; they are added to this statement when their run "
+            "versions them:")
+        add("")
+        for x in d["pending"]:
+            add(f"- `{x['release_id'][:16]}` ({x.get('release_name') or '-'}): {x['why']}.")
+        add("")
     add("## Errata")
     add("")
     if not d["errata"]:
@@ -692,20 +754,37 @@ def load_release_summaries(spark, *, family: str, releases_path: str) -> list[di
     return summarise_release_rows(summaries)
 
 
+REBUILDS = 5
+
+
 def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: str | os.PathLike,
                               releases_path: str, published_path: str, out_dir: str | os.PathLike,
                               force: bool = False, now: Optional[datetime] = None,
-                              summaries: Optional[list[dict[str, Any]]] = None) -> tuple[dict[str, Any], Path, Path]:
+                              summaries: Optional[list[dict[str, Any]]] = None,
+                              lease_seconds: Optional[float] = None) -> tuple[dict[str, Any], Path, Path]:
     """Read the specs, tables and ledger, build the statement, write it. Returns (dict, json, md).
 
     ``summaries``: the family's :func:`load_release_summaries`, when the caller read them
-    already (after the family's last release write); read here otherwise."""
+    already (after the family's last release write); read here otherwise. ``lease_seconds``:
+    how long an unversioned release stays *pending* after its commit (see the module docstring).
+
+    Concurrent runs of the family each write the statement; the last write must not be a
+    stale one. So after writing, the family's versions are read again: when another run
+    changed them meanwhile (it versioned a release after our read), the statement is rebuilt
+    and rewritten. Any run versioning later reads after our write, so the last file written
+    reflects every version committed before it (as long as no run dies between its
+    versioning and its statement)."""
     from dp_spark.governance.versions import history
 
     specs = specs_for_family(releases_dir, family)
-    if summaries is None:
-        summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
-    rels, pub = summaries, history(spark, published_path, family)
-    d = privacy_statement(family, specs, ledger, rels, pub, now=now)
-    j, m = write_statement(out_dir, d, force=force)
+    pub = history(spark, published_path, family)
+    for attempt in range(REBUILDS):
+        if summaries is None:
+            summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
+        d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)
+        j, m = write_statement(out_dir, d, force=force)
+        again = history(spark, published_path, family)
+        if again == pub:
+            break
+        pub, summaries = again, None  # another run versioned meanwhile: rebuild from the new state
     return d, j, m
