@@ -553,11 +553,18 @@ class Engine:
             raise ConfigError(f"{spec.source}: the snapshot given is of '{snapshot.location}', not of '{location}'")
         if self._ledger_exists():  # read only: a fresh ledger has no bindings
             bound = self.ledger.budget_for_dataset(snapshot.table_id, spec.unit.kind.value)
-            if bound is not None and bound != spec.budget_id:
+            if bound is not None and bound != spec.budget_id:  # as bind_dataset says it, before any row
+                try:
+                    measure = self.ledger.get_policy(bound).measure
+                    how = (f" To publish from this data, charge that budget: budget: {{id: {bound}, "
+                           f"measure: {measure}, {'rho' if measure == 'zcdp' else 'epsilon'}: ...}} in the spec.")
+                except DpSparkError:
+                    how = ""
                 raise ConfigError(
                     f"{spec.source}: dataset identity {snapshot.table_id!r} (unit {spec.unit.kind.value!r}) is "
-                    f"already governed by budget {bound!r}; it cannot also draw on budget {spec.budget_id!r} "
-                    f"(a copied config or a new budget id does not reset a budget)")
+                    f"already governed by budget {bound!r}; it cannot also draw on budget {spec.budget_id!r}: "
+                    f"one budget per dataset and unit, so that one accountant composes every release of it "
+                    f"(a copied config or a new budget id does not reset a budget).{how}")
         release_id = release_id_for(spec, snapshot.table_id, snapshot.version, self.mode)
         path = self.table_path(spec)
         check_release_table(self.spark, path)
