@@ -197,9 +197,11 @@ def build_partials(df, spec: ReleaseSpec, salt: str):
         clamp_to_fixed_point,
         dedupe_unit_partition,
         drop_null_units,
+        keep_unique_events,
         restrict_to_public_keys,
         select_columns,
     )
+    from dp_spark.units import Neighbouring
 
     unit = spec.unit.column
     key = spec.group_by.column if spec.group_by else None
@@ -211,6 +213,9 @@ def build_partials(df, spec: ReleaseSpec, salt: str):
     if key is not None:
         df = df.withColumn(key, F.col(key).cast("string"))
         df = restrict_to_public_keys(df, key_col=key, public_keys=list(spec.group_by.values))
+    if spec.neighbouring is Neighbouring.EVENT:
+        # one row per event id (copies collapse, ambiguous ids drop): see keep_unique_events
+        df = keep_unique_events(df, unit_col=unit)
     b = spec.bounds
     if spec.metric == "distinct_units":
         df = dedupe_unit_partition(df, unit_col=unit, partition_col=key)

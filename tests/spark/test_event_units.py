@@ -134,8 +134,6 @@ def test_bounding_alone_lets_a_duplicated_id_move_two_cells(spark):
     assert max(l1) == 2, l1  # at least one of the six added rows wins its id's priority
 
 
-@pytest.mark.xfail(strict=True, reason="dp_spark/engine.py build_partials does not call keep_unique_events "
-                                       "for neighbouring 'event' yet (owned elsewhere; see docs/privacy-semantics.md)")
 def test_single_metric_event_path_keeps_one_event_within_its_sensitivity(spark):
     """The single-metric path (engine.build_partials), same neighbours: must stay within the
     event sensitivity of 1 row per cell and in L1."""
