@@ -130,6 +130,16 @@ def _check_bound(name: str, value: Any) -> int:
     return value
 
 
+def _check_identity_types(df: DataFrame, purpose: str) -> None:
+    """Every column must be hashable and sortable (no map, variant or spatial column)."""
+    for f in df.schema.fields:
+        if not _is_identity_type(f.dataType):
+            raise SchemaError(
+                f"column {f.name!r} has type {_type_name(f.dataType)}, which cannot be {purpose}; "
+                "drop it with select_columns first"
+            )
+
+
 def _type_name(dt: T.DataType) -> str:
     return dt.simpleString()
 
@@ -441,12 +451,7 @@ def bound_contributions(
         _field(df, partition_col, role="partition")
         if partition_col == unit_col:
             raise ConfigError("partition_col must differ from unit_col")
-    for f in df.schema.fields:
-        if not _is_identity_type(f.dataType):
-            raise SchemaError(
-                f"column {f.name!r} has type {_type_name(f.dataType)}, which cannot be hashed "
-                "or sorted for row priority; drop it with select_columns first"
-            )
+    _check_identity_types(df, "hashed or sorted for row priority")
 
     original = [f.name for f in df.schema.fields]
     unit = _col(unit_col)
@@ -548,12 +553,7 @@ def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:
     """
     _check_no_temp_columns(df)
     _field(df, unit_col, role="unit")
-    for f in df.schema.fields:
-        if not _is_identity_type(f.dataType):
-            raise SchemaError(
-                f"column {f.name!r} has type {_type_name(f.dataType)}, which cannot be compared; "
-                "drop it with select_columns first"
-            )
+    _check_identity_types(df, "compared")
     original = [f.name for f in df.schema.fields]
     others = [c for c in original if c != unit_col]
     if not others:
