@@ -238,7 +238,8 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
     """The plan of a multi-statistic spec as rows (one per statistic): what ``dp-spark plan``
     prints. Expected errors come from each kind's own post-processing at noiseless inputs of
     ``group_size`` rows (mean at the statistic's ``assumed_mean``, else the midpoint), so they
-    are what the engine publishes in ``expected_abs_error`` for a cell of that size."""
+    are what the engine publishes in ``expected_abs_error`` for a cell of that size (with the
+    spread at W / 2 around the midpoint, and values uniform over a quantile's bins)."""
     from dp_spark.accountant import Accountant
     from dp_spark.statistics.base import kind_of
     from dp_spark.statistics.plan import plan_query
@@ -262,7 +263,8 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
                 m = stat.option("assumed_mean", c.clamp.midpoint)
                 noisy[c] = Fraction(n) * (m - c.clamp.midpoint)
             elif c.kind == "nsumsq":
-                noisy[c] = Fraction(n) * (c.clamp.half_width ** 2 / 3 - c.clamp.half_width ** 2 / 2)  # uniform
+                # an assumed spread of W / 2 around the midpoint: sum of x^2 - W^2/2 = -n W^2 / 4
+                noisy[c] = -Fraction(n) * c.clamp.half_width ** 2 / 4
             elif c.kind == "hist":
                 noisy[c] = [Fraction(n, c.bins)] * c.bins  # uniform over the bins
         plans = {c: qp.plan_of(c) for c in comps}

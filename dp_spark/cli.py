@@ -1,4 +1,5 @@
-"""The ``dp-spark`` command: ``publish``, ``budget``, ``generate-demo``.
+"""The ``dp-spark`` command: ``publish``, ``plan``, ``validate``, ``refresh``, ``budget``,
+``rollback``, ``generate-demo``.
 
 Thin: arguments -> config -> engine. Every path and table name comes from the env file.
 """
@@ -195,14 +196,173 @@ def rollback_main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def _plan_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dp-spark plan", description=COMMANDS["plan"],
+        epilog="Reads no data, starts no Spark session, charges nothing. Exit 0, or 2 on an invalid "
+               "spec or env.")
+    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
+    p.add_argument("--conf", action="append", required=True, metavar="SPEC", help="release spec YAML; repeatable")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="rows per cell at which to state the expected error (default: each statistic's "
+                        "assumed_group_size, else 100)")
+    return p
+
+
+def plan_rows(spec, policy, group_size: Optional[int]) -> list[dict]:
+    """Per statistic, what the engine will publish for a cell of ``group_size`` rows: the
+    same functions as the engine (multi-statistic specs: each kind's post-processing; single
+    metric: the epsilon explorer, which calls the engine's own interval code)."""
+    from dp_spark.api import plan_table
+
+    if spec.statistics:
+        return plan_table(spec, group_size=group_size, budget_policy=policy)
+    from dp_spark.engine import plan_release
+    from dp_spark.evaluation import explorer
+
+    n = group_size or (spec.mean.assumed_group_size if spec.mean is not None else 100)
+    amount = spec.charge.epsilon if spec.charge.MEASURE == "pure_dp" else spec.charge.rho
+    plan = plan_release(spec)
+    rows = []
+    for r in explorer.explore(spec, [n], [amount]):
+        used = ("count", "normalised_sum") if r["statistic"] == "mean" else (r["statistic"],)
+        ps = [p for p in plan.statistics if p.statistic in used]
+        rows.append({"statistic": r["statistic"], "kind": spec.metric, "components": [p.statistic for p in ps],
+                     "share_of_charge": [str((p.budget.epsilon if spec.charge.MEASURE == "pure_dp" else p.budget.rho)
+                                             / amount) for p in ps],
+                     "mechanism": r["mechanism"],
+                     "sensitivity_l1": [str(p.sensitivity.l1) for p in ps],
+                     "sensitivity_l2": [p.sensitivity.l2 for p in ps],
+                     "noise_scale": [float(p.scale * p.grid_unit) for p in ps],
+                     "group_size": n, "expected_abs_error": r["expected_abs_error"],
+                     "interval_half_width": r["halfwidth"], "cells": spec.cells})
+    return rows
+
+
+def _remaining_after(env, spec, policy) -> str:
+    """The budget left after this charge, from the ledger if it exists (read only)."""
+    from pathlib import Path
+
+    url = env.ledger_url
+    if url.startswith("sqlite:") and not Path(url[len("sqlite:"):]).exists():
+        left = policy.cap - spec.charge if spec.charge.fits_in(policy.cap) else None
+        return (f"no ledger yet ({url[len('sqlite:'):]}): the whole cap {policy.cap} remains; after this "
+                f"release: {left if left is not None else 'REFUSED (over the cap)'}")
+    from dp_spark.ledger import open_ledger
+
+    try:
+        st = open_ledger(url).status(spec.budget_id)
+    except DpSparkError as exc:
+        return f"budget status unavailable ({type(exc).__name__}: {exc})"
+    after = st.remaining - spec.charge if spec.charge.fits_in(st.remaining) else None
+    return (f"remaining now {st.remaining} (window {st.window_start or '-'} .. {st.window_end or '-'}); "
+            f"after this release: {after if after is not None else 'REFUSED (does not fit)'}")
+
+
+def plan_main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _plan_parser().parse_args(argv)
+    from dp_spark.accountant import Accountant
+    from dp_spark.config import load_env, load_release_spec
+    from dp_spark.ledger.policy import load_policies
+
+    try:
+        env = load_env(args.env)
+        policies = load_policies(env.policies)
+        for path in args.conf:
+            spec = load_release_spec(path)
+            if spec.budget_id not in policies:
+                raise DpSparkError(f"{path}: budget '{spec.budget_id}' is not declared in {env.policies}")
+            policy = policies[spec.budget_id]
+            st = Accountant(policy.measure, statement_delta=policy.statement_delta).statement(spec.charge)
+            eps = st.get("epsilon")
+            print(f"== {spec.name} ({spec.family}): {spec.cells} cells, unit {spec.unit.kind.value} "
+                  f"({spec.neighbouring.value}), bounds K={spec.bounds.max_rows_per_unit} "
+                  f"L0={spec.bounds.max_partitions_per_unit} Linf={spec.bounds.max_rows_per_partition or '-'}")
+            print(f"   charge {spec.charge}" + (f" = (epsilon {eps:.4g}, delta {st.get('delta'):.3g})"
+                                               if spec.charge.MEASURE == "zcdp" and eps is not None else ""))
+            print(f"   budget {spec.budget_id}: {_remaining_after(env, spec, policy)}")
+            for r in plan_rows(spec, policy, args.group_size):
+                comps = ", ".join(f"{c} (share {sh}, L1 {l1}, scale {sc:.4g})" for c, sh, l1, sc in
+                                  zip(r["components"], r["share_of_charge"], r["sensitivity_l1"], r["noise_scale"]))
+                print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} at {r['group_size']:,} rows/cell: "
+                      f"E|error| {r['expected_abs_error']:.4g}, {float(spec.confidence):.0%} half-width "
+                      f"{r['interval_half_width']:.4g}  <- {comps}")
+    except DpSparkError as exc:
+        print(f"dp-spark plan: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def validate_main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="dp-spark validate", description=COMMANDS["validate"],
+                                epilog="Exit 0 when every spec is valid, 2 otherwise (each error printed).")
+    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
+    p.add_argument("--conf", action="append", required=True, metavar="SPEC", help="release spec YAML; repeatable")
+    args = p.parse_args(argv)
+    from dp_spark.config import load_env, load_release_spec
+    from dp_spark.ledger.policy import load_policies
+
+    bad = 0
+    try:
+        env = load_env(args.env)
+        policies = load_policies(env.policies)
+    except DpSparkError as exc:
+        print(f"dp-spark validate: error: {exc}", file=sys.stderr)
+        return 2
+    for path in args.conf:
+        try:
+            spec = load_release_spec(path)
+            if spec.budget_id not in policies:
+                raise DpSparkError(f"{path}: budget '{spec.budget_id}' is not declared in {env.policies}")
+            policy = policies[spec.budget_id]
+            if policy.measure != spec.charge.MEASURE or policy.dataset != spec.dataset:
+                raise DpSparkError(f"{path}: budget '{spec.budget_id}' accounts {policy.measure} on dataset "
+                                   f"'{policy.dataset}'; the spec charges {spec.charge.MEASURE} on '{spec.dataset}'")
+            env.dataset_location(spec.dataset)
+            print(f"{path}: ok ({spec.name}, version {spec.version()}, {spec.cells} cells)")
+        except DpSparkError as exc:
+            bad += 1
+            print(f"{path}: error: {exc}", file=sys.stderr)
+    return 2 if bad else 0
+
+
+COMMANDS = {
+    "publish": "publish pre-registered releases (validates every spec first)",
+    "plan": "print a release's costs, sensitivities and expected errors per statistic: no data read",
+    "validate": "check release specs against the env and its budget policies: no data read",
+    "refresh": "daily refresh or backfill of a day-keyed release (--date / --from --to)",
+    "budget": "budget status, history, verify, accept-policy, rebuild-mirror",
+    "rollback": "withdraw the current version of a release family (admin)",
+    "generate-demo": "write the synthetic demo events to the env's demo dataset",
+}
+
+
+def _usage() -> str:
+    from dp_spark import __version__
+
+    lines = [f"usage: dp-spark COMMAND [--env ENV] ...   (dp_spark {__version__})", "", "commands:"]
+    lines += [f"  {c:<14}{d}" for c, d in COMMANDS.items()]
+    lines += ["", "dp-spark COMMAND --help for a command's options; --version for the version."]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dp-spark {publish,refresh,budget,rollback,generate-demo} ...")
+        print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from dp_spark import __version__
+
+        print(f"dp-spark {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "publish":
         return publish_main(rest)
+    if cmd == "plan":
+        return plan_main(rest)
+    if cmd == "validate":
+        return validate_main(rest)
     if cmd == "budget":
         from dp_spark.ledger.cli import budget_command
 
