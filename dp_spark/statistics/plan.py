@@ -36,6 +36,8 @@ from dp_spark.events import ComposedEvent
 from dp_spark.statistics.base import kind_of
 
 _QUANTUM = 10**6
+#: noise is drawn on the driver: a bound on the draws of one release (key tuples x entries)
+MAX_NOISY_ENTRIES = 2_000_000
 
 
 def key_tuples(key_sets) -> list[tuple[str, ...]]:
@@ -149,6 +151,10 @@ def plan_query(spec) -> QueryPlan:
                 comps.append(c)
     measure = spec.charge.MEASURE
     cells = spec.cells
+    entries = cells * sum(c.width for c in comps)
+    if entries > MAX_NOISY_ENTRIES:
+        raise ConfigError(f"{spec.source}: {entries} noisy entries (key tuples x components, a histogram "
+                          f"counting its bins) exceed {MAX_NOISY_ENTRIES}: fewer key tuples or quantile bins")
     sens = {c: c.real_sensitivity(spec.bounds, spec.neighbouring, cells, measure) for c in comps}
     coeffs = [k.error_coefficients(s, cs) for k, s, cs in zip(kinds, spec.statistics, per_stat)]
     weights = [s.weight for s in spec.statistics]
