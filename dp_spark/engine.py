@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
 import time
 import uuid
@@ -46,12 +45,7 @@ from dp_spark.errors import (
 from dp_spark.events import ComposedEvent, canonical_json
 from dp_spark.ledger import ReleaseLimitExceededError, open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
-from dp_spark.mechanisms.mean import (
-    mean_from_noisy,
-    mean_interval,
-    mean_interval_large_count,
-    optimal_mean_split,
-)
+from dp_spark.mechanisms.mean import optimal_mean_split
 from dp_spark.mechanisms.release import StatisticPlan, add_noise, grid_midpoint, plan_statistic
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
 from dp_spark.units import Aggregate

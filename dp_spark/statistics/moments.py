@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any
 
 from dp_spark.budget import to_fraction
 from dp_spark.errors import DpSparkError

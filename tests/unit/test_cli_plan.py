@@ -13,16 +13,10 @@ from dp_spark.config import load_release_spec
 from dp_spark.statistics.components import _tag
 from dp_spark.statistics.plan import plan_query
 
+from tests.unit.test_statistics import ZeroSource
+
 ROOT = Path(__file__).resolve().parents[2]
 MULTI = ROOT / "conf/releases/orders_by_day_region.yaml"
-
-
-class ZeroSource:
-    def discrete_laplace(self, scale, n):
-        return [0] * n
-
-    def discrete_gaussian(self, sigma, n):
-        return [0] * n
 
 
 def test_plan_states_exactly_what_the_engine_publishes_for_a_cell_of_that_size():
