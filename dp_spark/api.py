@@ -155,9 +155,11 @@ class ReleaseBuilder:
         return self.statistic(name, "quantile", column=column, q=q, lower=lower, upper=upper, **opts)
 
     # -- the charge ------------------------------------------------------------------------
-    def charge(self, *, budget: str, rho=None, epsilon=None) -> "ReleaseBuilder":
-        """The release's charge against ``budget``: ``rho`` (zCDP, discrete Gaussian) or
-        ``epsilon`` (pure DP, discrete Laplace)."""
+    def charge(self, *, rho=None, epsilon=None, budget: Optional[str] = None) -> "ReleaseBuilder":
+        """The release's charge: ``rho`` (zCDP, discrete Gaussian) or ``epsilon`` (pure DP,
+        discrete Laplace), against ``budget``. Without ``budget``, :meth:`publish` and
+        :meth:`for_policies` take the one budget policy that governs the dataset in that
+        measure (and refuse when there is none or more than one)."""
         if (rho is None) == (epsilon is None):
             raise ConfigError("charge(): give exactly one of rho (zcdp) or epsilon (pure_dp)")
         b = {"id": budget, "measure": "zcdp", "rho": rho} if rho is not None else \
@@ -178,6 +180,19 @@ class ReleaseBuilder:
         if path is not None:
             Path(path).write_text(text)
         return text
+
+    def for_policies(self, policies) -> "ReleaseBuilder":
+        """The builder with its budget id filled in from ``policies`` ({id: BudgetPolicy}) when
+        :meth:`charge` named none: the one policy of the dataset in the charge's measure."""
+        b = self._data.get("budget")
+        if b is None or b.get("id") is not None:
+            return self
+        ids = sorted(i for i, p in policies.items()
+                     if p.dataset == self._data.get("dataset") and p.measure == b["measure"])
+        if len(ids) != 1:
+            raise ConfigError(f"charge(): {len(ids)} {b['measure']} budget policies govern dataset "
+                              f"'{self._data.get('dataset')}' ({ids}); name one with charge(budget=...)")
+        return self._with(budget=dict(b, id=ids[0]))
 
     def spec(self, source: str = "<python api>"):
         """The validated :class:`~dp_spark.config.ReleaseSpec` (same checks as a YAML file)."""
@@ -202,7 +217,7 @@ class ReleaseBuilder:
         spec must be pre-registered under the access policy's ``releases_dir``."""
         from dataclasses import replace
 
-        spec = self.spec()
+        spec = self.for_policies(engine.policies).spec()
         if engine.mode == "official":
             spec = replace(spec, source=str(_registered_path(spec, engine)))
         result = engine.publish(spec)

@@ -61,3 +61,16 @@ def test_plan_reads_no_data_and_reports_every_statistic():
     # more rows per cell: a smaller error for the ratio statistics
     small = {r["statistic"]: r for r in shipped_builder().plan(group_size=50)}
     assert small["aov"]["expected_abs_error"] > by["aov"]["expected_abs_error"]
+
+
+def test_charge_without_a_budget_takes_the_dataset_policy_of_that_measure():
+    policies = load_policies(ROOT / "conf/policies/budgets.yaml")
+    b = (dp.release("orders").on("demo_events").by(region=["region_01"]).bounds(rows_per_unit=5)
+         .count("orders").charge(rho=0.5))
+    with pytest.raises(ConfigError):  # no budget id yet: the spec is incomplete
+        b.spec()
+    assert b.for_policies(policies).spec().budget_id == "demo_events_user"
+    pure = b.charge(epsilon=1).for_policies(policies).spec()
+    assert pure.budget_id == "demo_events_user_pure"
+    with pytest.raises(ConfigError, match="0 zcdp budget policies"):
+        b.on("other_data").for_policies(policies)
