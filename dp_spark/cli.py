@@ -1,20 +1,86 @@
-"""The ``dp-spark`` command: ``publish``, ``plan``, ``validate``, ``refresh``, ``budget``,
-``rollback``, ``generate-demo``.
+"""The ``dp-spark`` command: one parser (argparse subcommands), one function per command.
 
-Thin: arguments -> config -> engine. Every path and table name comes from the env file.
+    dp-spark publish | plan | validate | explore | refresh | backfill | budget ... | rollback | generate-demo
+
+Thin: arguments -> config -> engine. Every path, table name, the ledger and the budget
+policies come from the env file (``--env``, the same option on every command), resolved
+against the env file's project root, never the current directory. See docs/cli.md.
+
+Why argparse and not click/Typer: it is the standard library, so the wheel adds no
+dependency on a Databricks cluster (where every extra install is a risk to the runtime), and
+the existing entry points (``jobs/*.py``, ``python -m dp_spark.ledger.cli``) are argparse
+already. Adding a command: write ``_add_<name>(parser)`` and ``_run_<name>(args) -> int``
+and register them in :data:`REGISTRY` (its one-line help shows in ``dp-spark --help``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from dataclasses import dataclass
 from datetime import date
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
 
-from dp_spark.errors import DpSparkError
+from dp_spark.errors import ConfigError, DpSparkError
 
-DEFAULT_ENV = "conf/envs/local.yaml"
+ENV_VAR = "DP_SPARK_ENV"
+#: the project the package runs from (a source checkout or an editable install)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+#: the default env file: the project's own local env (used when --env and $DP_SPARK_ENV are absent)
+DEFAULT_ENV = str(PROJECT_ROOT / "conf" / "envs" / "local.yaml")
+#: exit status when the reader of our output went away (``dp-spark budget status | head -1``)
+EXIT_CLOSED_PIPE = 141
+
+
+def resolve_env(given: Optional[str], environ: Optional[Mapping[str, str]] = None) -> str:
+    """The env file to use: ``--env`` when given, else ``$DP_SPARK_ENV``, else the project's
+    ``conf/envs/local.yaml`` (:data:`DEFAULT_ENV`). Paths inside it resolve against its own
+    project root (:func:`dp_spark.config.load_env`). Raises ConfigError when none exists."""
+    environ = os.environ if environ is None else environ
+    if given:
+        return str(given)
+    if environ.get(ENV_VAR):
+        return str(environ[ENV_VAR])
+    if Path(DEFAULT_ENV).is_file():
+        return DEFAULT_ENV
+    raise ConfigError(f"no env file: pass --env FILE or set ${ENV_VAR} (the default {DEFAULT_ENV} does not exist: "
+                      "the package is not running from a project checkout)")
+
+
+def _load_env(given: Optional[str]):
+    from dp_spark.config import load_env
+
+    return load_env(resolve_env(given))
+
+
+def _env_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", default=None, metavar="ENV",
+                   help=f"environment file: paths, Spark, ledger and budget policies, resolved against its "
+                        f"project root (default: ${ENV_VAR}, else the project's conf/envs/local.yaml)")
+
+
+def _error(message: str) -> None:
+    print(f"dp-spark: error: {message}", file=sys.stderr)
+
+
+def closed_pipe_safe(fn: Callable[[], int]) -> int:
+    """Run ``fn``; when stdout's reader has gone (``| head``), end quietly with exit 141 (as a
+    shell reports SIGPIPE) instead of a BrokenPipeError traceback."""
+    try:
+        try:
+            return fn()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        try:  # the interpreter flushes stdout again at exit: point it at /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_CLOSED_PIPE
 
 
 PUBLISH_EPILOG = """\
@@ -38,17 +104,18 @@ exit codes:
 """
 
 
-def _publish_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dp-spark publish", description="Publish pre-registered DP releases.",
-                                epilog=PUBLISH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
+def _add_publish(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
     p.add_argument("--conf", action="append", required=True, metavar="SPEC",
                    help="release spec YAML; repeat for several releases")
     p.add_argument("--date", type=date.fromisoformat, default=None,
                    help="scheduled daily run: publish only this day's cell (ISO date)")
     p.add_argument("--mode", choices=("official", "exploration"), default="official")
     p.add_argument("--quiet", action="store_true", help="print only the summary lines")
-    return p
+
+
+def _publish_parser() -> argparse.ArgumentParser:
+    return command_parser("publish")
 
 
 def _unexpected(exc: BaseException) -> str:
@@ -58,15 +125,19 @@ def _unexpected(exc: BaseException) -> str:
 
 
 def publish_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``dp-spark publish`` from an argument list (jobs/publish_release.py)."""
+    return _run_publish(_publish_parser().parse_args(argv))
+
+
+def _run_publish(args: argparse.Namespace) -> int:
     """Validate every spec, then publish each; see :data:`PUBLISH_EPILOG` for the exit codes."""
-    args = _publish_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dp_spark.config import load_env, load_release_spec
 
     # 1. validate everything, for every spec, before the first charge
     try:
-        env = load_env(args.env)
+        env = load_env(resolve_env(args.env))
         specs = [load_release_spec(c) for c in args.conf]  # all validated before Spark starts
         if args.date is not None:
             day = args.date.isoformat()
@@ -82,14 +153,14 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
                 refused.append((spec, exc))
         if refused:
             for spec, exc in refused:
-                print(f"dp-spark: error: {spec.name}: {exc}", file=sys.stderr)
+                _error(f"{spec.name}: {exc}")
             print(f"dp-spark: {len(refused)} of {len(specs)} specs refused before any charge; "
                   f"nothing was published", file=sys.stderr)
             return 2
         for v in validated:  # budget registration and dataset binding: refusals charge nothing
             engine.admit(v)
     except DpSparkError as exc:
-        print(f"dp-spark: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
 
     # 2. publish each; one failure does not stop the others
@@ -118,29 +189,32 @@ def publish_main(argv: Optional[Sequence[str]] = None) -> int:
             print_summary(spec, result, statement)
         else:
             print_failure(spec, error)
-            print(f"dp-spark: error: {spec.name}: {error}", file=sys.stderr)
+            _error(f"{spec.name}: {error}")
     failed = sum(1 for _, result, _ in outcomes if result is None)
     if finish_error is not None:
-        print(f"dp-spark: error: versioning the batch failed: {finish_error}; the releases above are "
-              f"committed: rerun the job (they are cache hits) to version them", file=sys.stderr)
+        _error(f"versioning the batch failed: {finish_error}; the releases above are "
+               f"committed: rerun the job (they are cache hits) to version them")
     if failed:
         print(f"dp-spark: {failed} of {len(outcomes)} specs failed", file=sys.stderr)
     return 1 if failed or finish_error is not None else 0
 
 
+def _add_generate_demo(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
+    p.add_argument("--force", action="store_true", help="overwrite an existing demo table")
+
+
 def generate_demo_main(argv: Optional[Sequence[str]] = None) -> int:
+    return _run_generate_demo(command_parser("generate-demo").parse_args(argv))
+
+
+def _run_generate_demo(args: argparse.Namespace) -> int:
     """Write the env's demo dataset unless it exists (a rewrite is a new input snapshot,
     so the next publish would be a new release and charge the budget again)."""
-    p = argparse.ArgumentParser(prog="dp-spark generate-demo")
-    p.add_argument("--env", default=DEFAULT_ENV)
-    p.add_argument("--force", action="store_true", help="overwrite an existing demo table")
-    args = p.parse_args(argv)
     from datetime import date as _date
 
-    from dp_spark.config import load_env
-
     try:
-        env = load_env(args.env)
+        env = _load_env(args.env)
         demo = dict(env.demo)
         dataset = str(demo.get("dataset", "demo_events"))
         out = env.dataset_location(dataset)
@@ -160,30 +234,37 @@ def generate_demo_main(argv: Optional[Sequence[str]] = None) -> int:
         n = spark.read.format("delta").load(out).count()
         print(f"demo data: {n} events written to {out}")
     except DpSparkError as exc:
-        print(f"dp-spark: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     return 0
 
 
+def _add_rollback(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
+    p.add_argument("--family", required=True, help="the release family whose current version is withdrawn")
+    p.add_argument("--reason", required=True, help="recorded in the audit log and the statement's errata")
+
+
 def rollback_main(argv: Optional[Sequence[str]] = None) -> int:
+    return _run_rollback(command_parser("rollback").parse_args(argv))
+
+
+def _run_rollback(args: argparse.Namespace) -> int:
     """Withdraw the current version of a release family and restore the previous one.
 
     Needs the admin role. Keeps the history; refunds no budget (the withdrawn release was seen).
     """
-    p = argparse.ArgumentParser(prog="dp-spark rollback")
-    p.add_argument("--env", default=DEFAULT_ENV)
-    p.add_argument("--family", required=True)
-    p.add_argument("--reason", required=True, help="recorded in the audit log and the statement's errata")
-    args = p.parse_args(argv)
-    from dp_spark.config import load_env
     from dp_spark.governance import rollback_family
     from dp_spark.governance.access import access_policy_for_env, resolve_principal
     from dp_spark.ledger import open_ledger
-    from dp_spark.spark import get_or_create_session
+    from dp_spark.ledger.cli import _require_sqlite
 
     try:
-        env = load_env(args.env)
+        env = _load_env(args.env)
+        _require_sqlite(env.ledger_url)  # nothing was published with this env: nothing to withdraw
         access = access_policy_for_env(env)
+        from dp_spark.spark import get_or_create_session
+
         spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
         principal = resolve_principal(spark, env_name=env.name)
         with open_ledger(env.ledger_url) as ledger:
@@ -191,22 +272,21 @@ def rollback_main(argv: Optional[Sequence[str]] = None) -> int:
                                                   reason=args.reason, ledger=ledger, access=access)
         print(f"withdrew release {withdrawn} of {args.family}; current is now {restored or 'none'}")
     except DpSparkError as exc:
-        print(f"dp-spark: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     return 0
 
 
-def _plan_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dp-spark plan", description=COMMANDS["plan"],
-        epilog="Reads no data, starts no Spark session, charges nothing. Exit 0, or 2 on an invalid "
-               "spec or env.")
-    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
+def _add_plan(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
     p.add_argument("--conf", action="append", required=True, metavar="SPEC", help="release spec YAML; repeatable")
     p.add_argument("--group-size", type=int, default=None,
                    help="rows per cell at which to state the expected error (default: each statistic's "
                         "assumed_group_size, else 100)")
-    return p
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    return command_parser("plan")
 
 
 def plan_rows(spec, policy, group_size: Optional[int]) -> list[dict]:
@@ -260,13 +340,16 @@ def _remaining_after(env, spec, policy) -> str:
 
 
 def plan_main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _plan_parser().parse_args(argv)
+    return _run_plan(_plan_parser().parse_args(argv))
+
+
+def _run_plan(args: argparse.Namespace) -> int:
     from dp_spark.accountant import Accountant
     from dp_spark.config import load_env, load_release_spec
     from dp_spark.ledger.policy import load_policies
 
     try:
-        env = load_env(args.env)
+        env = load_env(resolve_env(args.env))
         policies = load_policies(env.policies)
         for path in args.conf:
             spec = load_release_spec(path)
@@ -288,26 +371,30 @@ def plan_main(argv: Optional[Sequence[str]] = None) -> int:
                       f"E|error| {r['expected_abs_error']:.4g}, {float(spec.confidence):.0%} half-width "
                       f"{r['interval_half_width']:.4g}  <- {comps}")
     except DpSparkError as exc:
-        print(f"dp-spark plan: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     return 0
 
 
-def validate_main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="dp-spark validate", description=COMMANDS["validate"],
-                                epilog="Exit 0 when every spec is valid, 2 otherwise (each error printed).")
-    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
+def _add_validate(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
     p.add_argument("--conf", action="append", required=True, metavar="SPEC", help="release spec YAML; repeatable")
-    args = p.parse_args(argv)
+
+
+def validate_main(argv: Optional[Sequence[str]] = None) -> int:
+    return _run_validate(command_parser("validate").parse_args(argv))
+
+
+def _run_validate(args: argparse.Namespace) -> int:
     from dp_spark.config import load_env, load_release_spec
     from dp_spark.ledger.policy import load_policies
 
     bad = 0
     try:
-        env = load_env(args.env)
+        env = load_env(resolve_env(args.env))
         policies = load_policies(env.policies)
     except DpSparkError as exc:
-        print(f"dp-spark validate: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     for path in args.conf:
         try:
@@ -322,61 +409,381 @@ def validate_main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{path}: ok ({spec.name}, version {spec.version()}, {spec.cells} cells)")
         except DpSparkError as exc:
             bad += 1
-            print(f"{path}: error: {exc}", file=sys.stderr)
+            _error(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
     return 2 if bad else 0
 
 
-COMMANDS = {
-    "publish": "publish pre-registered releases (validates every spec first)",
-    "plan": "print a release's costs, sensitivities and expected errors per statistic: no data read",
-    "validate": "check release specs against the env and its budget policies: no data read",
-    "refresh": "daily refresh or backfill of a day-keyed release (--date / --from --to)",
-    "budget": "budget status, history, verify, accept-policy, rebuild-mirror",
-    "rollback": "withdraw the current version of a release family (admin)",
-    "generate-demo": "write the synthetic demo events to the env's demo dataset",
-}
+# -- explore: the epsilon explorer ------------------------------------------------------
+EXPLORE_DESCRIPTION = """\
+The epsilon explorer: expected error against budget and assumed group size. Budgets are
+epsilons for a pure_dp spec and rhos for a zcdp spec. Prints the expected absolute and
+relative error (and the interval half-width at the spec's confidence) per budget and group
+size, the smallest budget meeting --target (relative half-width) for each group size, and
+writes <release>_explorer.png and <release>_explorer.csv into --out. A multi-statistic spec
+prints its plan per statistic instead (components, shares, expected error and half-width per
+group size). Public inputs only: no data is read, no Spark session is started, nothing is
+charged."""
 
 
-def _usage() -> str:
-    from dp_spark import __version__
+def _positive_list(kind):
+    def parse(text: str):
+        try:
+            values = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}s") from None
+        if not values or any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError("values must be > 0")
+        return values
+    return parse
 
-    lines = [f"usage: dp-spark COMMAND [--env ENV] ...   (dp_spark {__version__})", "", "commands:"]
-    lines += [f"  {c:<14}{d}" for c, d in COMMANDS.items()]
-    lines += ["", "dp-spark COMMAND --help for a command's options; --version for the version."]
+
+def _add_explore(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
+    p.add_argument("--conf", required=True, metavar="SPEC", help="release spec YAML")
+    p.add_argument("--group-sizes", type=_positive_list(int), default=[50, 500, 5000],
+                   help="assumed public group sizes, comma-separated (rows; distinct users for distinct_units)")
+    p.add_argument("--budgets", type=_positive_list(float), default=[0.1, 0.25, 0.5, 1, 2],
+                   help="epsilons (pure_dp spec) or rhos (zcdp spec), comma-separated")
+    p.add_argument("--target", type=float, default=0.05,
+                   help="relative error target: interval half-width / true value (default 0.05)")
+    p.add_argument("--assumed-mean", type=float, default=None,
+                   help="assumed value per row for sums and means (default: the spec's mean.assumed_mean, "
+                        "else the midpoint of the clamp bounds)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output folder for the PNG and CSV (default: the env's warehouse/explorer; "
+                        "the env is read only for this)")
+
+
+def _explore_multi(spec, args) -> int:
+    """A multi-statistic spec: its plan (dp_spark.api.plan_table) at each group size, for the
+    spec's own charge (the split over components is fixed by the spec). No data read."""
+    from dp_spark.api import plan_table
+
+    print(f"== {spec.name}: {len(spec.statistics)} statistics x {spec.cells} key tuples, "
+          f"{spec.charge.MEASURE} {spec.charge.to_json()}, confidence {float(spec.confidence):.0%}")
+    print(f"{'statistic':<16}{'kind':<16}{'group size':>11}{'E|error|':>14}{'half-width':>14}  components (share)")
+    for n in args.group_sizes:
+        for r in plan_table(spec, group_size=n):
+            shares = ", ".join(f"{c} ({s})" for c, s in zip(r["components"], r["share_of_charge"]))
+            print(f"{r['statistic']:<16}{r['kind']:<16}{n:>11,}{r['expected_abs_error']:>14.4g}"
+                  f"{r['interval_half_width']:>14.4g}  {shares}")
+    return 0
+
+
+def explore_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``dp-spark explore`` from an argument list (jobs/explore_epsilon.py)."""
+    return _run_explore(command_parser("explore").parse_args(argv))
+
+
+def _run_explore(args: argparse.Namespace) -> int:
+    import csv
+
+    from dp_spark.config import load_release_spec
+    from dp_spark.evaluation import explorer
+
+    try:
+        spec = load_release_spec(args.conf)
+        if spec.statistics:
+            return _explore_multi(spec, args)
+        out = Path(args.out) if args.out else Path(_load_env(args.env).warehouse) / "explorer"
+        rows = explorer.explore(spec, args.group_sizes, args.budgets, assumed_mean=args.assumed_mean)
+        stat = explorer.headline_statistic(spec)
+        budget_name = "epsilon" if spec.charge.MEASURE == "pure_dp" else "rho"
+        print(f"== {spec.name}: {stat}, {spec.charge.MEASURE}, unit {spec.unit.kind.value} "
+              f"({spec.neighbouring.value}), {spec.cells} cells, confidence {float(spec.confidence):.0%}")
+        print(explorer.format_table(rows, statistic=stat))
+        print()
+        for n in args.group_sizes:
+            try:
+                b = explorer.smallest_budget(spec, n, args.target, assumed_mean=args.assumed_mean)
+                value = float(b.epsilon if budget_name == "epsilon" else b.rho)
+                print(f"smallest {budget_name} for +-{args.target:.1%} at {float(spec.confidence):.0%} "
+                      f"with group size {n:,}: {value:.4g}")
+            except DpSparkError as exc:
+                print(f"smallest {budget_name} for group size {n:,}: none ({exc})")
+        configured = spec.charge.epsilon if budget_name == "epsilon" else spec.charge.rho
+        print(f"(this release is configured with {budget_name} = {float(configured):.4g})")
+        from dp_spark.evaluation.charts import explorer_chart
+
+        out.mkdir(parents=True, exist_ok=True)
+        caption = (f"{spec.name}: {spec.charge.MEASURE}; bounds {spec.bounds.max_rows_per_unit} rows/unit, "
+                   f"{spec.cells} public cells; group size = assumed public size, no data read; "
+                   f"relative error of the {float(spec.confidence):.0%} interval target {args.target:.0%}")
+        png = explorer_chart(rows, out / f"{spec.name}_explorer.png", caption, statistic=stat,
+                             target=args.target, error_column="rel_halfwidth")
+        csv_path = out / f"{spec.name}_explorer.csv"
+        with csv_path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {png}")
+        print(f"wrote {csv_path}")
+    except DpSparkError as exc:
+        _error(str(exc))
+        return 2
+    return 0
+
+
+# -- refresh / backfill: day-keyed releases ----------------------------------------------
+REFRESH_EPILOG = """\
+One line per day: status, release id, charge, remaining window budget (and, once committed,
+the published cell). A rerun of a day is a no-op; a day whose input snapshot changed after
+publication is reported (snapshot_changed), not republished, unless --republish.
+
+exit codes:
+  0  every day served (published, cache hit, ...) or reported stale
+  1  a day failed (the following days are skipped unless --keep-going)
+  2  bad arguments or an invalid env or spec (nothing published)
+  3  with --strict: a day was left stale
+"""
+
+
+def _add_refresh_options(p: argparse.ArgumentParser) -> None:
+    _env_option(p)
+    p.add_argument("--conf", action="append", required=True, metavar="SPEC",
+                   help="day-keyed release spec YAML (grouped by declared dates); repeatable")
+
+
+def _add_refresh_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--republish", action="store_true",
+                   help="republish days whose input snapshot changed since publication (charges again)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when a day was left stale (snapshot_changed / code_changed)")
+    p.add_argument("--keep-going", action="store_true", help="after a failed day, still try the following days")
+    p.add_argument("--mode", choices=("official", "exploration"), default="official")
+    p.add_argument("--quiet", action="store_true", help="print only the per-day lines")
+
+
+def _add_refresh(p: argparse.ArgumentParser) -> None:
+    from dp_spark.schedule import parse_day
+
+    _add_refresh_options(p)
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--date", type=parse_day, metavar="D",
+                      help="the day to publish: ISO date, 'today' or 'yesterday' (UTC)")
+    when.add_argument("--from", dest="start", type=parse_day, metavar="D1",
+                      help="first day of a range (with --to; the same as dp-spark backfill)")
+    p.add_argument("--to", dest="end", type=parse_day, metavar="D2", help="last day of a range (inclusive)")
+    _add_refresh_flags(p)
+
+
+def _add_backfill(p: argparse.ArgumentParser) -> None:
+    from dp_spark.schedule import parse_day
+
+    _add_refresh_options(p)
+    p.add_argument("--from", dest="start", type=parse_day, required=True, metavar="D1",
+                   help="first day: ISO date, 'today' or 'yesterday' (UTC)")
+    p.add_argument("--to", dest="end", type=parse_day, required=True, metavar="D2", help="last day (inclusive)")
+    p.set_defaults(date=None)
+    _add_refresh_flags(p)
+
+
+def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None) -> int:
+    """``dp-spark refresh`` from an argument list (jobs/daily_refresh.py). ``engine``: reuse one
+    (tests, notebooks); otherwise ``Engine(env, mode=...)`` on the ambient or a new session."""
+    p = command_parser("refresh")
+    args = p.parse_args(argv)
+    return _run_refresh(args, engine=engine, parser=p)
+
+
+def _run_refresh(args: argparse.Namespace, *, engine=None, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    """See :data:`REFRESH_EPILOG` for the exit codes."""
+    from dp_spark.schedule import FAILED, SERVED, STALE, _today, backfill, day_spec, days_between, format_day
+
+    if args.date is None and (args.start is None) != (args.end is None):
+        message = "--from needs --to" if args.end is None else "--to needs --from"
+        if parser is not None:
+            parser.error(message)
+        _error(message)
+        return 2
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start, end = (args.date, args.date) if args.date is not None else (args.start, args.end)
+    from dp_spark.config import load_env, load_release_spec
+
+    results = []
+    try:
+        if end < start:
+            raise ConfigError(f"--to {end} is before --from {start}")
+        env = load_env(resolve_env(args.env))
+        # relative date keys (``end: today``) resolve against the job's last day, never the data
+        specs = [load_release_spec(c, run_date=max(end, _today())) for c in args.conf]
+        for s in specs:  # every day of every spec validated before Spark starts
+            for d in days_between(start, end):
+                day_spec(s, d)
+        owned = engine is None
+        if owned:
+            from dp_spark.engine import Engine
+
+            # the ledger mirror and the statements are rebuilt once for the batch (finish)
+            engine = Engine(env, mode=args.mode, refresh="deferred")
+        try:
+            for s in specs:
+                results += backfill(engine, s, start, end, republish=args.republish,
+                                    stop_on_error=not args.keep_going,
+                                    on_day=lambda r: print(format_day(r), flush=True))
+        finally:
+            if owned:
+                engine.finish()
+    except DpSparkError as exc:
+        _error(str(exc))
+        return 2
+    served = sum(r.status in SERVED for r in results)
+    charged = sum(r.charge is not None for r in results)
+    stale = [r for r in results if r.status in STALE]
+    failed = [r for r in results if r.status in FAILED]
+    errors = sum(r.status == "error" for r in results)
+    print(f"== {len(results)} day(s): {served} served ({charged} charged), {len(stale)} stale, "
+          f"{errors} failed, {len(failed) - errors} skipped", flush=True)
+    if stale:
+        _error(f"{len(stale)} day(s) were published on an older input snapshot and were not republished "
+               "(pass --republish to publish them again; that charges the budget)")
+    if failed:
+        return 1
+    if stale and args.strict:
+        return 3
+    return 0
+
+
+# -- budget ------------------------------------------------------------------------------
+def _add_budget(p: argparse.ArgumentParser) -> None:
+    from dp_spark.ledger.cli import add_budget_arguments
+
+    add_budget_arguments(p)
+
+
+def _run_budget(args: argparse.Namespace) -> int:
+    from dp_spark.ledger.cli import run_budget
+
+    return run_budget(args)
+
+
+# -- the command table ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Command:
+    """One ``dp-spark`` subcommand: its one-line help, its arguments and what runs it."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str = ""
+    epilog: str = ""
+
+
+PLAN_EPILOG = "Reads no data, starts no Spark session, charges nothing. Exit 0, or 2 on an invalid spec or env."
+VALIDATE_EPILOG = "Exit 0 when every spec is valid, 2 otherwise (each error printed)."
+BUDGET_EPILOG = """\
+A ledger that does not exist is an error naming its path (status, history, verify never create one).
+exit codes: 0 ok; 1 unknown budget, unreachable or tampered ledger, refused; 2 bad arguments,
+env or policy file, or no ledger at the env's path."""
+
+REGISTRY: list[Command] = [
+    Command("publish", "publish pre-registered releases (validates every spec first)", _add_publish, _run_publish,
+            "Publish pre-registered DP releases.", PUBLISH_EPILOG),
+    Command("plan", "a release's costs, sensitivities and expected errors per statistic: no data read",
+            _add_plan, _run_plan, epilog=PLAN_EPILOG),
+    Command("validate", "check release specs against the env and its budget policies: no data read",
+            _add_validate, _run_validate, epilog=VALIDATE_EPILOG),
+    Command("explore", "the epsilon explorer: expected error per budget and group size: no data read",
+            _add_explore, _run_explore, EXPLORE_DESCRIPTION),
+    Command("refresh", "publish one day's cell of a day-keyed release (--date D, 'yesterday')", _add_refresh,
+            _run_refresh, "Publish one day's cell of a day-keyed release (or a range with --from/--to); each "
+            "day is charged once, reruns are no-ops, a day whose input changed is reported.", REFRESH_EPILOG),
+    Command("backfill", "publish every day of a range of a day-keyed release (--from D1 --to D2)", _add_backfill,
+            _run_refresh, "Publish each day of D1..D2 of a day-keyed release, in order, each charged once; "
+            "days already published are cache hits.", REFRESH_EPILOG),
+    Command("budget", "budgets: status, history, verify, rebuild-mirror, accept-policy", _add_budget, _run_budget,
+            "Privacy budgets: cap, spent, remaining, and the releases that spent them.", BUDGET_EPILOG),
+    Command("rollback", "withdraw the current version of a release family (admin)", _add_rollback, _run_rollback,
+            "Withdraw the current version of a release family and restore the previous one. Needs the admin "
+            "role; keeps the history; refunds no budget (the withdrawn release was seen). Exit 0, or 2 "
+            "when refused or on an invalid env."),
+    Command("generate-demo", "write the synthetic demo events to the env's demo dataset", _add_generate_demo,
+            _run_generate_demo, "Write the synthetic demo events to the env's demo dataset, unless it exists "
+            "(--force overwrites: a new input snapshot, so the next publish charges again)."),
+]
+
+#: command -> its one-line description (``dp-spark --help``)
+COMMANDS: dict[str, str] = {c.name: c.help for c in REGISTRY}
+
+
+def _command(name: str) -> Command:
+    return next(c for c in REGISTRY if c.name == name)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Raw description and epilog, 100 columns, and the command list without its
+    ``COMMAND`` header line (one line per command)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=22, width=100)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        text = super()._format_action(action)
+        if action.nargs == argparse.PARSER:  # the subcommand group: drop its own metavar line
+            text = "\n".join(text.split("\n")[1:])
+        return text
+
+
+def _parser_kwargs(c: Command) -> dict:
+    return {"description": c.description or c.help[0].upper() + c.help[1:] + ".", "epilog": c.epilog or None,
+            "formatter_class": _Formatter}
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one command on its own (``prog="dp-spark NAME"``): what ``jobs/*.py`` and
+    the ``*_main(argv)`` functions parse with; the same arguments as ``dp-spark NAME``."""
+    c = _command(name)
+    p = argparse.ArgumentParser(prog=f"dp-spark {name}", **_parser_kwargs(c))
+    c.add_arguments(p)
+    return p
+
+
+def _top_epilog() -> str:
+    from dp_spark.ledger.cli import BUDGET_SUBCOMMANDS
+
+    lines = ["budget subcommands (dp-spark budget SUBCOMMAND):"]
+    lines += [f"  {name:<16}{text}" for name, text in BUDGET_SUBCOMMANDS.items()]
+    lines += ["",
+              "every command takes --env ENV: the env file (paths, Spark, ledger, budget policies), resolved",
+              f"against the env file's project root. Default: ${ENV_VAR}, else {DEFAULT_ENV}.",
+              "",
+              "exit codes: 0 ok; 1 a release (or budget command) failed or was refused while running;",
+              "2 usage or configuration error, or refused before anything was done; 3 refresh --strict with a",
+              "stale day. dp-spark COMMAND --help for a command's options and exit codes; docs/cli.md."]
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    from dp_spark import __version__
+
+    p = argparse.ArgumentParser(
+        prog="dp-spark", description="dp_spark: differentially private releases on Spark.",
+        epilog=_top_epilog(), formatter_class=_Formatter)
+    p.add_argument("--version", action="version", version=f"dp-spark {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for c in REGISTRY:
+        sp = sub.add_parser(c.name, help=c.help, **_parser_kwargs(c))
+        c.add_arguments(sp)
+        sp.set_defaults(_run=c.run)
+    return p
+
+
+def _dispatch(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # --help, --version and usage errors exit here (0 / 0 / 2)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return args._run(args)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``dp-spark`` console script. Returns the exit status; argparse exits for ``--help``,
+    ``--version`` (0) and usage errors (2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if argv else 2
-    if argv[0] == "--version":
-        from dp_spark import __version__
-
-        print(f"dp-spark {__version__}")
-        return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "publish":
-        return publish_main(rest)
-    if cmd == "plan":
-        return plan_main(rest)
-    if cmd == "validate":
-        return validate_main(rest)
-    if cmd == "budget":
-        from dp_spark.ledger.cli import budget_command
-
-        return budget_command(rest)
-    if cmd == "refresh":
-        from dp_spark.schedule import refresh_main
-
-        return refresh_main(rest, prog="dp-spark refresh")
-    if cmd == "rollback":
-        return rollback_main(rest)
-    if cmd == "generate-demo":
-        return generate_demo_main(rest)
-    print(f"dp-spark: unknown command {cmd!r}", file=sys.stderr)
-    return 2
+    return closed_pipe_safe(lambda: _dispatch(argv))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,15 @@
     python -m dp_spark.ledger.cli rebuild-mirror [--env ENV]   (starts Spark; writes the mirror only)
     python -m dp_spark.ledger.cli accept-policy --budget ID --reason TEXT [--env ENV]   (admin)
 
-``--ledger`` defaults to ``$DP_SPARK_LEDGER_URL``, else ``sqlite:warehouse/ledger.db``;
-``--policies`` to ``conf/policies/budgets.yaml``. ``status``, ``history`` and ``verify`` only
-read: they never create a ledger or register a budget (a budget declared in the policy file but never used shows
-spent 0). Exit status: 0 ok, 1 error (unknown budget, unreachable or tampered ledger),
-2 usage.
+Every subcommand takes ``--env ENV`` (default: ``$DP_SPARK_ENV``, else the project's
+``conf/envs/local.yaml``; see docs/cli.md): the ledger and the budget policy file are the env
+file's, resolved against the env file's project root, never the current directory.
+``--ledger URL`` (or ``$DP_SPARK_LEDGER_URL``) and ``--policies PATH`` override them.
+``status``, ``history`` and ``verify`` only read: they never create a ledger or register a
+budget (a budget declared in the policy file but never used shows spent 0); a SQLite ledger
+that does not exist is an error naming its path. Exit status: 0 ok, 1 error (unknown budget,
+unreachable or tampered ledger, refused), 2 usage or configuration error (bad arguments, env or
+policy file, missing ledger).
 """
 
 from __future__ import annotations
@@ -25,27 +29,35 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
 from dp_spark.budget import MEASURES, Budget
-from dp_spark.errors import DpSparkError
+from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.base import BudgetStatus, Ledger, LedgerEntry, UnknownBudgetError, ts_text
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 
-__all__ = ["budget_command", "accept_policy_command", "main", "DEFAULT_LEDGER_URL", "DEFAULT_POLICIES", "LEDGER_URL_ENV"]
+__all__ = ["budget_command", "run_budget", "add_budget_arguments", "accept_policy_command", "main",
+           "BUDGET_SUBCOMMANDS", "LedgerNotFoundError", "DEFAULT_LEDGER_URL", "DEFAULT_POLICIES", "LEDGER_URL_ENV"]
 
 LEDGER_URL_ENV = "DP_SPARK_LEDGER_URL"
 DEFAULT_LEDGER_URL = "sqlite:warehouse/ledger.db"
 DEFAULT_POLICIES = "conf/policies/budgets.yaml"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _env_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", default=None, metavar="ENV",
+                   help="environment file: its ledger, budget policies and paths (default: $DP_SPARK_ENV, "
+                        "else the project's conf/envs/local.yaml)")
+
+
+def add_budget_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``budget`` subcommands, on ``p`` (``dp-spark budget`` or ``python -m dp_spark.ledger.cli``)."""
     common = argparse.ArgumentParser(add_help=False)
+    _env_option(common)
     common.add_argument("--ledger", default=None, metavar="URL",
                         help=f"ledger URL (default: ${LEDGER_URL_ENV} or {DEFAULT_LEDGER_URL})")
     common.add_argument("--policies", default=None, metavar="PATH",
-                        help=f"budget policy file (default: {DEFAULT_POLICIES})")
+                        help="budget policy file (default: the env's)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    p = argparse.ArgumentParser(prog="dp-spark budget", description="Privacy budgets: cap, spent, remaining, releases.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="SUBCOMMAND")
     s = sub.add_parser("status", parents=[common], help="cap, spent, remaining and window of each budget")
     s.add_argument("--budget", default=None, metavar="ID", help="only this budget")
     h = sub.add_parser("history", parents=[common], help="every release that spent a budget")
@@ -53,14 +65,35 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("verify", parents=[common], help="check the integrity of the whole ledger")
     m = sub.add_parser("rebuild-mirror", help="rebuild the env's Delta mirror of the ledger and audit log "
                                               "from the SQL ledger (the authority)")
-    m.add_argument("--env", default="conf/envs/local.yaml",
-                   help="environment file: its ledger and mirror paths (default: %(default)s)")
+    _env_option(m)
     a = sub.add_parser("accept-policy", help="admin: apply a changed budget policy file (recorded, audited)")
     a.add_argument("--budget", required=True, metavar="ID")
     a.add_argument("--reason", required=True, help="why: recorded in the audit log and the policy history")
-    a.add_argument("--env", default="conf/envs/local.yaml",
-                   help="environment file: its ledger, budget policies and access policy (default: %(default)s)")
+    _env_option(a)
+
+
+BUDGET_SUBCOMMANDS = {
+    "status": "cap, spent, remaining and window of each budget",
+    "history": "every release that spent a budget",
+    "verify": "check the integrity of the whole ledger",
+    "rebuild-mirror": "rebuild the env's Delta mirror of the ledger from the SQL ledger",
+    "accept-policy": "admin: apply a changed budget policy file (recorded, audited)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dp-spark budget", description="Privacy budgets: cap, spent, remaining, releases.")
+    add_budget_arguments(p)
     return p
+
+
+class LedgerNotFoundError(ConfigError):
+    """A command that only reads the ledger was pointed at one that does not exist."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no ledger at {Path(path).resolve()}: nothing has been published with this env yet, or "
+                         "--env / --ledger points at the wrong place")
+        self.path = path
 
 
 def accept_policy_command(args: argparse.Namespace, out: TextIO, *, spark: Any = None,
@@ -77,10 +110,13 @@ def accept_policy_command(args: argparse.Namespace, out: TextIO, *, spark: Any =
     environ = dict(os.environ) if environ is None else environ
     if not args.reason.strip():
         raise DpSparkError("--reason must say why the policy changes")
-    env = load_env(args.env)
+    from dp_spark.cli import resolve_env
+
+    env = load_env(resolve_env(args.env, environ))
     policies = load_policies(env.policies)
     if args.budget not in policies:
         raise UnknownBudgetError(args.budget)
+    _require_sqlite(env.ledger_url)
     access = access_policy_for_env(env, environ)
     principal = resolve_principal(spark, environ, env_name=env.name)
     with open_ledger(env.ledger_url) as ledger:
@@ -107,12 +143,18 @@ def _ts(dt: Optional[datetime]) -> str:
     return "-" if dt is None else ts_text(dt)[:19] + "Z"
 
 
-def _open(url: str) -> Optional[Ledger]:
-    """The ledger, or None when a SQLite ledger file does not exist yet (nothing spent)."""
+def _require_sqlite(url: str) -> None:
+    """A SQLite ledger that does not exist is an error naming its path (never "nothing spent")."""
+    path = sqlite_path(url)
+    if path is not None and not Path(path).exists():
+        raise LedgerNotFoundError(path)
+
+
+def _open(url: str) -> Ledger:
+    """The existing ledger at ``url``; a missing SQLite file raises :class:`LedgerNotFoundError`."""
     path = sqlite_path(url)
     if path is not None:
-        if not Path(path).exists():
-            return None
+        _require_sqlite(url)
         return open_ledger(url, create=False)
     return open_ledger(url)
 
@@ -229,55 +271,81 @@ def _history(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[
     return 0
 
 
-def budget_command(argv: Sequence[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Entry point of ``dp-spark budget``. Returns the exit status."""
+def _sources(args: argparse.Namespace, environ: dict) -> tuple[str, Optional[Path]]:
+    """The ledger URL and policy file: ``--ledger`` / ``$DP_SPARK_LEDGER_URL`` and ``--policies``
+    when given, otherwise the env file's (resolved against its project root)."""
+    url = args.ledger or environ.get(LEDGER_URL_ENV)
+    policies = Path(args.policies) if args.policies else None
+    if url is None or policies is None:
+        from dp_spark.cli import resolve_env
+        from dp_spark.config import load_env
+
+        env = load_env(resolve_env(args.env, environ))
+        url = url or env.ledger_url
+        policies = policies or Path(env.policies)
+    return url, policies
+
+
+def run_budget(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run a parsed ``budget`` subcommand. Errors are printed as ``dp-spark: error: ...``:
+    exit 2 for a configuration error (env, policy file, missing ledger), 1 for any other
+    (an unknown budget, an unreachable or tampered ledger, a refused permission)."""
     out = out or sys.stdout
     err = err or sys.stderr
+    try:
+        return _run_budget(args, out)
+    except UnknownBudgetError as exc:  # exit 1, as before this command had --env
+        print(f"dp-spark: error: {exc}", file=err)
+        return 1
+    except ConfigError as exc:
+        print(f"dp-spark: error: {exc}", file=err)
+        return 2
+    except DpSparkError as exc:
+        print(f"dp-spark: error: {exc}", file=err)
+        return 1
+
+
+def _run_budget(args: argparse.Namespace, out: TextIO) -> int:
+    environ = dict(os.environ)
+    if args.cmd == "rebuild-mirror":
+        from dp_spark.cli import resolve_env
+        from dp_spark.config import load_env
+        from dp_spark.ledger.mirror import rebuild_mirror_command
+
+        env_path = resolve_env(args.env, environ)
+        _require_sqlite(load_env(env_path).ledger_url)
+        return rebuild_mirror_command(env_path, out)
+    if args.cmd == "accept-policy":
+        return accept_policy_command(args, out, environ=environ)
+    url, policy_file = _sources(args, environ)
+    policies = load_policies(policy_file) if policy_file is not None else {}
+    ledger = _open(url)
+    try:
+        if args.cmd == "verify":
+            ledger.verify()
+            print("ledger verified: every budget row, entry chain, binding and audit row is intact", file=out)
+            return 0
+        if args.cmd == "status":
+            return _status(args, ledger, policies, out)
+        return _history(args, ledger, policies, out)
+    finally:
+        ledger.close()
+
+
+def budget_command(argv: Sequence[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``dp-spark budget ...`` from an argument list. Returns the exit status (2: usage)."""
     try:
         args = _parser().parse_args(list(argv))
     except SystemExit as exc:  # argparse: usage error (2) or --help (0)
         return int(exc.code or 0)
-    if args.cmd == "rebuild-mirror":
-        from dp_spark.ledger.mirror import rebuild_mirror_command
-
-        try:
-            return rebuild_mirror_command(args.env, out)
-        except DpSparkError as exc:
-            print(f"dp-spark budget: error: {exc}", file=err)
-            return 1
-    if args.cmd == "accept-policy":
-        try:
-            return accept_policy_command(args, out)
-        except DpSparkError as exc:
-            print(f"dp-spark budget: error: {exc}", file=err)
-            return 1
-    url = args.ledger or os.environ.get(LEDGER_URL_ENV) or DEFAULT_LEDGER_URL
-    try:
-        policies: dict[str, BudgetPolicy] = {}
-        if args.policies is not None or Path(DEFAULT_POLICIES).is_file():
-            policies = load_policies(args.policies or DEFAULT_POLICIES)
-        ledger = _open(url)
-        try:
-            if args.cmd == "verify":
-                if ledger is None:
-                    print("no ledger yet: nothing to verify", file=out)
-                    return 0
-                ledger.verify()
-                print("ledger verified: every budget row, entry chain, binding and audit row is intact", file=out)
-                return 0
-            if args.cmd == "status":
-                return _status(args, ledger, policies, out)
-            return _history(args, ledger, policies, out)
-        finally:
-            if ledger is not None:
-                ledger.close()
-    except DpSparkError as exc:
-        print(f"dp-spark budget: error: {exc}", file=err)
-        return 1
+    return run_budget(args, out, err)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return budget_command(sys.argv[1:] if argv is None else list(argv))
+    """``python -m dp_spark.ledger.cli ...``: the same as ``dp-spark budget ...``."""
+    from dp_spark.cli import closed_pipe_safe
+
+    return closed_pipe_safe(lambda: budget_command(sys.argv[1:] if argv is None else list(argv)))
 
 
 if __name__ == "__main__":

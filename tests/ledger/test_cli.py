@@ -77,16 +77,23 @@ def test_verify_and_errors(used_ledger, tmp_path):
     rc, _, err = run("status", "--budget", "nope", "--ledger", used_ledger, "--policies", POLICIES)
     assert rc == 1 and "unknown budget 'nope'" in err
     rc, _, err = run("status", "--ledger", used_ledger, "--policies", str(tmp_path / "none.yaml"))
-    assert rc == 1 and "not found" in err
+    assert rc == 2 and "not found" in err  # a configuration error
     assert run("history", "--ledger", used_ledger)[0] == 2  # --budget is required
     assert run("bogus")[0] == 2
 
 
-def test_missing_ledger_is_not_created(tmp_path):
+def test_missing_ledger_is_an_error_naming_its_path_and_is_not_created(tmp_path):
     url = f"sqlite:{tmp_path / 'nowhere' / 'ledger.db'}"
-    rc, out, _ = run("status", "--ledger", url, "--policies", POLICIES)
-    assert rc == 0 and "declared but never used" in out and "rho=2" in out
+    for argv in (("status",), ("history", "--budget", "demo_events_user"), ("verify",)):
+        rc, out, err = run(*argv, "--ledger", url, "--policies", POLICIES)
+        assert rc == 2 and out == "", argv
+        assert f"no ledger at {tmp_path / 'nowhere' / 'ledger.db'}" in err and "Traceback" not in err
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_budget_declared_but_never_used_shows_nothing_spent(used_ledger):
+    rc, out, _ = run("status", "--budget", "demo_events_user_pure", "--ledger", used_ledger, "--policies", POLICIES)
+    assert rc == 0 and "declared but never used" in out
 
 
 def test_ledger_url_from_environment(used_ledger, monkeypatch):
