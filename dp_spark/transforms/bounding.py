@@ -105,8 +105,15 @@ def _check_no_temp_columns(df: DataFrame) -> None:
         )
 
 
+# Not hashable/sortable as a unit or key. SpatialType appeared in pyspark 4.1 (VariantType in
+# 4.0): looked up with getattr so that pyspark 4.0 (Databricks' LTS) imports this module.
+_NON_UNIT_TYPES = tuple(
+    t for t in (getattr(T, "VariantType", None), getattr(T, "SpatialType", None)) if t is not None
+)
+
+
 def _is_unit_type(dt: T.DataType) -> bool:
-    return isinstance(dt, T.AtomicType) and not isinstance(dt, (T.VariantType, T.SpatialType))
+    return isinstance(dt, T.AtomicType) and not isinstance(dt, _NON_UNIT_TYPES)
 
 
 def _is_key_type(dt: T.DataType) -> bool:
