@@ -365,6 +365,9 @@ def _run_plan(args: argparse.Namespace) -> int:
                                                if spec.charge.MEASURE == "zcdp" and eps is not None else ""))
             print(f"   budget {spec.budget_id}: {_remaining_after(env, spec, policy)}")
             for r in plan_rows(spec, policy, args.group_size):
+                if r["statistic"] == "key_selection":
+                    print(_selection_line(r))
+                    continue
                 comps = ", ".join(f"{c} (share {sh}, L1 {l1}, scale {sc:.4g})" for c, sh, l1, sc in
                                   zip(r["components"], r["share_of_charge"], r["sensitivity_l1"], r["noise_scale"]))
                 print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} at {r['group_size']:,} rows/cell: "
@@ -454,6 +457,16 @@ def _add_explore(p: argparse.ArgumentParser) -> None:
                         "the env is read only for this)")
 
 
+def _selection_line(r: dict) -> str:
+    """The private key selection of a plan: how many units a key needs to be published."""
+    return (f"   key_selection   columns {', '.join(r['components'])} (at most {r['max_keys']} keys): "
+            f"thresholded discrete Laplace, share {r['share_of_charge'][0]}, L1 {r['sensitivity_l1'][0]}, "
+            f"scale {r['noise_scale'][0]:.4g}, epsilon {r['epsilon_selection']:.4g}, delta "
+            f"{r['delta_selection']:.3g}: threshold {r['threshold_units']} units; a key with "
+            f"{r['units_for_even_odds']} units is published with even odds, with "
+            f"{r['units_for_95_percent']} units 95% of the time; fewer units, it vanishes")
+
+
 def _explore_multi(spec, args) -> int:
     """A multi-statistic spec: its plan (dp_spark.api.plan_table) at each group size, for the
     spec's own charge (the split over components is fixed by the spec). No data read."""
@@ -464,6 +477,10 @@ def _explore_multi(spec, args) -> int:
     print(f"{'statistic':<16}{'kind':<16}{'group size':>11}{'E|error|':>14}{'half-width':>14}  components (share)")
     for n in args.group_sizes:
         for r in plan_table(spec, group_size=n):
+            if r["statistic"] == "key_selection":
+                if n == args.group_sizes[0]:
+                    print(_selection_line(r))
+                continue
             shares = ", ".join(f"{c} ({s})" for c, s in zip(r["components"], r["share_of_charge"]))
             print(f"{r['statistic']:<16}{r['kind']:<16}{n:>11,}{r['expected_abs_error']:>14.4g}"
                   f"{r['interval_half_width']:>14.4g}  {shares}")

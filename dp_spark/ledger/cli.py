@@ -42,18 +42,21 @@ DEFAULT_LEDGER_URL = "sqlite:warehouse/ledger.db"
 DEFAULT_POLICIES = "conf/policies/budgets.yaml"
 
 
-def _env_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--env", default=None, metavar="ENV",
+def _env_option(p: argparse.ArgumentParser, default: Any = None) -> None:
+    p.add_argument("--env", default=default, metavar="ENV",
                    help="environment file: its ledger, budget policies and paths (default: $DP_SPARK_ENV, "
                         "else the project's conf/envs/local.yaml)")
 
 
 def add_budget_arguments(p: argparse.ArgumentParser) -> None:
     """The ``budget`` subcommands, on ``p`` (``dp-spark budget`` or ``python -m dp_spark.ledger.cli``)."""
+    # --env before or after the subcommand (dp-spark budget --env E status, or status --env E):
+    # the subcommands' own --env sets nothing unless given, so it never hides the first
+    _env_option(p)
     common = argparse.ArgumentParser(add_help=False)
-    _env_option(common)
+    _env_option(common, argparse.SUPPRESS)
     common.add_argument("--ledger", default=None, metavar="URL",
-                        help=f"ledger URL (default: ${LEDGER_URL_ENV} or {DEFAULT_LEDGER_URL})")
+                        help=f"ledger URL (default: ${LEDGER_URL_ENV}, else the env's ledger_url)")
     common.add_argument("--policies", default=None, metavar="PATH",
                         help="budget policy file (default: the env's)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -65,11 +68,11 @@ def add_budget_arguments(p: argparse.ArgumentParser) -> None:
     sub.add_parser("verify", parents=[common], help="check the integrity of the whole ledger")
     m = sub.add_parser("rebuild-mirror", help="rebuild the env's Delta mirror of the ledger and audit log "
                                               "from the SQL ledger (the authority)")
-    _env_option(m)
+    _env_option(m, argparse.SUPPRESS)
     a = sub.add_parser("accept-policy", help="admin: apply a changed budget policy file (recorded, audited)")
     a.add_argument("--budget", required=True, metavar="ID")
     a.add_argument("--reason", required=True, help="why: recorded in the audit log and the policy history")
-    _env_option(a)
+    _env_option(a, argparse.SUPPRESS)
 
 
 BUDGET_SUBCOMMANDS = {
