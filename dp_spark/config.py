@@ -732,6 +732,9 @@ class EnvConfig:
     lease_seconds: int
     demo: Mapping[str, Any]
     source: str = field(default="<dict>", compare=False)
+    # Databricks secret scope references (scope, key): dp_spark.secrets
+    ledger_key_secret: Optional[tuple[str, str]] = None
+    ledger_password_secret: Optional[tuple[str, str]] = None
 
     def dataset_location(self, dataset: str) -> str:
         if dataset not in self.datasets:
@@ -747,7 +750,8 @@ def _resolve(root: Path, p: str) -> str:
 
 def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optional[Path] = None) -> EnvConfig:
     allowed = {"name", "spark", "warehouse", "datasets", "output_root", "exploration_root", "ledger_url",
-               "policies", "ledger_mirror", "audit_mirror", "salt_file", "lease_seconds", "demo"}
+               "policies", "ledger_mirror", "audit_mirror", "salt_file", "lease_seconds", "demo",
+               "ledger_key_secret", "ledger_password_secret"}
     _check_keys(data, allowed, source)
     root = root or Path.cwd()
     name = str(_require(data, "name", source))
@@ -787,7 +791,18 @@ def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optiona
         lease_seconds=_int(data.get("lease_seconds", 300), source, "lease_seconds"),
         demo=_mapping(data.get("demo") or {}, source, "demo"),
         source=source,
+        **_secret_refs(data, source),
     )
+
+
+def _secret_refs(data: Mapping[str, Any], source: str) -> dict:
+    """The env's Databricks secret references; on Databricks they are exported to the
+    variables the ledger reads ($DP_SPARK_LEDGER_KEY, $PGPASSWORD), elsewhere nothing is read."""
+    from dp_spark.secrets import SECRET_FIELDS, export_secrets, parse_secret_ref
+
+    refs = {f: parse_secret_ref(data.get(f), source, f) for f in SECRET_FIELDS}
+    export_secrets(refs, source)
+    return refs
 
 
 def load_env(path: str | os.PathLike) -> EnvConfig:
