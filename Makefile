@@ -7,14 +7,30 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup jars demo test test-fast test-cluster test-connect test-deploy clean
+# pyspark and delta-spark are the `spark` extra (the wheel alone does not install them: a
+# Databricks Runtime ships its own). Each venv pins one supported pair; the jar of the same
+# Delta release comes from conf/jvm/pom.xml.
+SPARK_PINS := pyspark==4.2.0 delta-spark==4.4.0
+
+# The compatibility environment: Python 3.12 + pyspark 4.0.x + delta-spark 4.0.1, the
+# Databricks LTS combination (Runtime 17.3 LTS: Python 3.12, Spark 4.0), in its own venv and
+# jar directory. `make test-compat` runs the unit and Spark tests on it (.ci/run does).
+COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) python3.12)
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_JARS := .jars-compat
+COMPAT_PINS := pyspark==4.0.1 delta-spark==4.0.1
+COMPAT_TESTS := tests/unit tests/spark
+
+.PHONY: setup jars demo test test-fast test-cluster test-connect test-deploy \
+	setup-compat jars-compat test-compat clean
 
 setup: $(VENV)/.installed jars
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[spark,test]' $(SPARK_PINS)
 	touch $@
 
 # Delta's JVM jars from Maven Central into .jars/ (no Ivy at Spark start-up).
@@ -23,6 +39,28 @@ jars: .jars/.resolved
 .jars/.resolved: conf/jvm/pom.xml
 	mvn -q -f conf/jvm/pom.xml dependency:copy-dependencies
 	touch $@
+
+# The compatibility environment (see COMPAT_* above).
+setup-compat: $(COMPAT_VENV)/.installed jars-compat
+
+$(COMPAT_VENV)/.installed: setup.cfg pyproject.toml Makefile
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q --upgrade pip
+	$(COMPAT_PY) -m pip install -q -e '.[spark,test]' $(COMPAT_PINS)
+	touch $@
+
+jars-compat: $(COMPAT_JARS)/.resolved
+
+$(COMPAT_JARS)/.resolved: conf/jvm/pom.xml
+	mvn -q -f conf/jvm/pom.xml -P spark-4.0 dependency:copy-dependencies
+	touch $@
+
+# Unit and Spark tests (not the statistical / e2e / deploy ones) on the compat environment.
+# Under CI=true a missing pyenv Python or registry is a failure, never a skip.
+test-compat: setup-compat
+	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
+	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 \
+	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider $(COMPAT_TESTS)
 
 # README command 1: set up, generate the demo data, publish the DAU trend and the AOV
 # per region on the embedded default (local Spark, local Delta warehouse, SQLite ledger).
