@@ -2,13 +2,17 @@
 
 Measures (one per budget, fixed when the budget is created):
 
-* ``pure_dp``  -- epsilon; basic composition adds epsilons. Gaussian events are refused
-  (:class:`~dp_spark.errors.MeasureMismatchError`): a Gaussian has no pure-DP guarantee.
-* ``zcdp``     -- rho; composition adds rho. A pure epsilon-DP event costs rho = epsilon^2 / 2
-  (Bun & Steinke 2016, Prop. 1.4), exact. The published (epsilon, delta) statement uses the
-  budget's stated delta and OpenDP's conversion (:func:`Accountant.statement`).
-* ``approx_dp`` -- (epsilon, delta), basic composition. Only pure events are priced here
-  (a Laplace event costs ``ApproxDP(epsilon, 0)``); Gaussian events are refused: budgets for
+* ``pure_dp``  -- epsilon (and delta); basic composition adds epsilons and deltas. Gaussian
+  events are refused (:class:`~dp_spark.errors.MeasureMismatchError`): a Gaussian has no
+  pure-DP guarantee.
+* ``zcdp``     -- rho (and delta); composition adds rho and delta. A pure epsilon-DP event
+  costs rho = epsilon^2 / 2 (Bun & Steinke 2016, Prop. 1.4), exact; a thresholded Laplace
+  event (epsilon, delta) costs ``ZCDP(epsilon^2 / 2, delta)``: delta-approximate zCDP (Bun &
+  Steinke 2016, Def. 8.1: with probability 1 - delta the pure part holds). The published
+  (epsilon, delta) statement converts the rho part with OpenDP at the budget's stated delta
+  and adds the delta spent (:func:`Accountant.statement`).
+* ``approx_dp`` -- (epsilon, delta), basic composition. Only Laplace events are priced here
+  (a Laplace event costs ``ApproxDP(epsilon, its delta)``); Gaussian events are refused: budgets for
   Gaussian releases are zCDP budgets, converted to (epsilon, delta) only in the statement.
   Converting each Gaussian release to (epsilon, delta) and adding would be valid but much
   looser than adding rho, and would force a per-release delta split.
@@ -35,7 +39,35 @@ from dp_spark.budget import ApproxDP, Budget, MEASURES, ZCDP, to_fraction
 from dp_spark.errors import BudgetExceededError, ConfigError, InvalidBudgetError, MeasureMismatchError
 from dp_spark.events import ComposedEvent, Event, GAUSSIAN, LAPLACE, NoiseEvent
 
-__all__ = ["Accountant", "PrivacyFilter"]
+__all__ = ["Accountant", "PrivacyFilter", "DeltaCapExceededError", "budget_exceeded"]
+
+
+class DeltaCapExceededError(BudgetExceededError):
+    """A charge's delta does not fit in what remains of the budget's delta cap.
+
+    When the cap's delta is 0 the message names the policy field to add (``delta_cap``)."""
+
+    def __init__(self, budget_id: str, cap: Budget, spent: Budget, requested: Budget):
+        super().__init__(budget_id, cap, spent, requested)
+        cap_delta, spent_delta, asked = cap.delta_part, spent.delta_part, requested.delta_part
+        if cap_delta == 0:
+            text = (f"budget {budget_id!r} has delta_cap 0: a release that spends delta (private keys) "
+                    f"needs `delta_cap:` in budgets.{budget_id} of the policy file "
+                    f"(requested delta {float(asked):.6g})")
+        else:
+            text = (f"budget {budget_id!r}: delta exhausted: delta_cap {float(cap_delta):.6g}, "
+                    f"delta spent {float(spent_delta):.6g}, remaining "
+                    f"{float(max(cap_delta - spent_delta, Fraction(0))):.6g}, requested {float(asked):.6g}")
+        self.args = (text,)
+
+
+def budget_exceeded(budget_id: str, cap: Budget, spent: Budget, request: Budget) -> BudgetExceededError:
+    """The error for a request that does not fit: a :class:`DeltaCapExceededError` when the
+    delta is what does not fit (and the rest does), else a plain BudgetExceededError. Messages
+    carry budget amounts only, never data or noisy values."""
+    if spent.delta_part + request.delta_part > cap.delta_part:
+        return DeltaCapExceededError(budget_id, cap, spent, request)
+    return BudgetExceededError(budget_id, cap, spent, request)
 
 
 class Accountant:
@@ -83,13 +115,13 @@ class Accountant:
         if self.measure == "zcdp":
             if event.mechanism == LAPLACE:
                 eps = natural.epsilon
-                return ZCDP(eps * eps / 2)
+                return ZCDP(eps * eps / 2, natural.delta)
             return natural
         # approx_dp
         if event.mechanism == GAUSSIAN:
             raise MeasureMismatchError(
                 "Gaussian releases are accounted in zCDP; an approx_dp budget takes Laplace events only")
-        return ApproxDP(natural.epsilon, 0)
+        return ApproxDP(natural.epsilon, natural.delta)
 
     def compose(self, events: Iterable[Event]) -> Budget:
         """Sequential composition: the sum of the costs (zero for no events)."""
@@ -110,7 +142,7 @@ class Accountant:
         self._own(request, "request")
         self._own(cap, "cap")
         if not (spent + request).fits_in(cap):
-            raise BudgetExceededError(budget_id, cap, spent, request)
+            raise budget_exceeded(budget_id, cap, spent, request)
 
     def remaining(self, spent: Budget, cap: Budget) -> Budget:
         self._own(spent, "spent")
@@ -126,12 +158,24 @@ class Accountant:
         approx), ``rho_exact``/``delta_exact`` (zcdp). For zcdp, ``epsilon`` is OpenDP's
         conversion of rho at the stated delta
         (``dp_spark.mechanisms.calibration.zcdp_to_approx_epsilon``), a valid upper bound.
+
+        With a delta spent (``total.delta > 0``, pure_dp or zcdp) two more keys are set,
+        ``delta_spent``/``delta_spent_exact``, and the stated delta includes it:
+
+        * pure_dp: (epsilon, delta spent)-DP by basic composition;
+        * zcdp: delta_s-approximate rho-zCDP is (epsilon, delta_stmt + delta_s)-DP, where
+          epsilon is the conversion of rho at delta_stmt (Bun & Steinke 2016, Def. 8.1 and
+          Prop. 1.3 applied to the zCDP part, which holds except on an event of probability
+          delta_s). This is what OpenDP 0.16's ``make_zCDP_to_approxDP`` does for an
+          ``Approximate(ZeroConcentratedDivergence)`` measurement: the profile of rho, plus the
+          approximate part's delta added unchanged.
         """
         self._own(total, "total")
         out: dict[str, Any] = {"measure": self.measure}
+        spent_delta = total.delta_part
         if self.measure == "pure_dp":
-            out.update(epsilon=float(total.epsilon), delta=0.0,
-                       epsilon_exact=str(total.epsilon), delta_exact="0")
+            out.update(epsilon=float(total.epsilon), delta=float(spent_delta),
+                       epsilon_exact=str(total.epsilon), delta_exact=str(spent_delta))
         elif self.measure == "approx_dp":
             out.update(epsilon=float(total.epsilon), delta=float(total.delta),
                        epsilon_exact=str(total.epsilon), delta_exact=str(total.delta))
@@ -143,8 +187,11 @@ class Accountant:
             else:
                 from dp_spark.mechanisms.calibration import zcdp_to_approx_epsilon
                 eps = float(zcdp_to_approx_epsilon(total.rho, self.statement_delta))
-            out.update(epsilon=eps, delta=float(self.statement_delta),
-                       rho_exact=str(total.rho), delta_exact=str(self.statement_delta))
+            stated = self.statement_delta + spent_delta
+            out.update(epsilon=eps, delta=float(stated),
+                       rho_exact=str(total.rho), delta_exact=str(stated))
+        if self.measure != "approx_dp" and spent_delta > 0:
+            out.update(delta_spent=float(spent_delta), delta_spent_exact=str(spent_delta))
         return out
 
 

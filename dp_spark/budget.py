@@ -2,9 +2,17 @@
 
 Three measures, one class each, all frozen and validated on construction:
 
-* :class:`PureDP` (epsilon)            -- pure epsilon-DP, basic composition adds epsilons;
-* :class:`ZCDP` (rho)                  -- rho-zero-concentrated DP, composition adds rhos;
+* :class:`PureDP` (epsilon[, delta])   -- epsilon-DP, basic composition adds epsilons; with
+  ``delta > 0`` it is (epsilon, delta)-DP under basic composition (epsilons and deltas add);
+* :class:`ZCDP` (rho[, delta])         -- rho-zero-concentrated DP, composition adds rhos; with
+  ``delta > 0`` it is delta-approximate rho-zCDP (Bun & Steinke 2016, Def. 8.1), composition
+  adds rhos and deltas (ibid., Lemma 8.3);
 * :class:`ApproxDP` (epsilon, delta)   -- (epsilon, delta)-DP, basic composition adds both.
+
+The optional ``delta`` of PureDP and ZCDP (default 0, ``0 <= delta < 1``) is what a thresholded
+mechanism (private partition selection) spends besides its pure or zCDP part. It is written
+in JSON (``to_json``) and in ``str()`` only when it is > 0, so every amount without delta keeps
+the JSON (and so the release ids, ledger MACs and policy hashes) it had before delta existed.
 
 Values are :class:`fractions.Fraction`. A float is read through its shortest decimal
 representation (``repr``), so ``0.1`` is exactly 1/10 and ``0.1 + 0.2 == 0.3`` holds
@@ -69,6 +77,8 @@ def _check(value: Fraction, name: str, *, allow_zero: bool, below_one: bool = Fa
 class _Budget:
     MEASURE: ClassVar[str] = ""
     FIELDS: ClassVar[tuple[str, ...]] = ()
+    # fields left out of to_json/str/as_floats when zero (and read as 0 when absent)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
     # --- arithmetic -------------------------------------------------------------------
     def _same(self, other: Any) -> None:
@@ -122,45 +132,73 @@ class _Budget:
         return cls._build(*(Fraction(0) for _ in cls.FIELDS))
 
     # --- serialisation ----------------------------------------------------------------
+    def _shown(self) -> list[tuple[str, Fraction]]:
+        """(field, value) pairs, without an optional field that is zero."""
+        return [(f, v) for f, v in zip(self.FIELDS, self._values()) if v != 0 or f not in self.OPTIONAL]
+
     def to_json(self) -> dict[str, str]:
         out = {"measure": self.MEASURE}
-        out.update({f: str(v) for f, v in zip(self.FIELDS, self._values())})
+        out.update({f: str(v) for f, v in self._shown()})
         return out
 
     def as_floats(self) -> dict[str, float]:
-        return {f: float(v) for f, v in zip(self.FIELDS, self._values())}
+        return {f: float(v) for f, v in self._shown()}
+
+    @property
+    def delta_part(self) -> Fraction:
+        """The delta this amount carries (0 when it has none)."""
+        return Fraction(getattr(self, "delta", 0))
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{f}={float(v):.6g}" for f, v in zip(self.FIELDS, self._values()))
+        parts = ", ".join(f"{f}={float(v):.6g}" for f, v in self._shown())
         return f"{self.MEASURE}({parts})"
 
 
 @dataclass(frozen=True)
 class PureDP(_Budget):
-    """Pure epsilon-DP. ``PureDP(1)`` is a cap or request; ``PureDP.zero()`` an empty spend."""
+    """Pure epsilon-DP. ``PureDP(1)`` is a cap or request; ``PureDP.zero()`` an empty spend.
+
+    ``PureDP(1, delta=1e-8)`` is (1, 1e-8)-DP (a thresholded Laplace mechanism); deltas add
+    under basic composition like epsilons.
+    """
 
     epsilon: Fraction
+    delta: Fraction = Fraction(0)
     MEASURE: ClassVar[str] = "pure_dp"
-    FIELDS: ClassVar[tuple[str, ...]] = ("epsilon",)
+    FIELDS: ClassVar[tuple[str, ...]] = ("epsilon", "delta")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("delta",)
 
     def __post_init__(self) -> None:
         eps = to_fraction(self.epsilon, "epsilon")
+        delta = to_fraction(self.delta, "delta")
         _check(eps, "epsilon", allow_zero=False)
+        _check(delta, "delta", allow_zero=True, below_one=True)
         object.__setattr__(self, "epsilon", eps)
+        object.__setattr__(self, "delta", delta)
 
 
 @dataclass(frozen=True)
 class ZCDP(_Budget):
-    """rho-zCDP (Bun & Steinke 2016). Composition adds rho."""
+    """rho-zCDP (Bun & Steinke 2016). Composition adds rho.
+
+    ``ZCDP(rho, delta)`` with ``delta > 0`` is delta-approximate rho-zCDP (Bun & Steinke 2016,
+    Def. 8.1); composition adds rho and delta. Its (epsilon, delta') statement is the rho part
+    converted at a stated delta, plus the delta part (``Accountant.statement``).
+    """
 
     rho: Fraction
+    delta: Fraction = Fraction(0)
     MEASURE: ClassVar[str] = "zcdp"
-    FIELDS: ClassVar[tuple[str, ...]] = ("rho",)
+    FIELDS: ClassVar[tuple[str, ...]] = ("rho", "delta")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("delta",)
 
     def __post_init__(self) -> None:
         rho = to_fraction(self.rho, "rho")
+        delta = to_fraction(self.delta, "delta")
         _check(rho, "rho", allow_zero=False)
+        _check(delta, "delta", allow_zero=True, below_one=True)
         object.__setattr__(self, "rho", rho)
+        object.__setattr__(self, "delta", delta)
 
 
 @dataclass(frozen=True)
@@ -186,7 +224,10 @@ MEASURES: dict[str, type] = {c.MEASURE: c for c in (PureDP, ZCDP, ApproxDP)}
 
 
 def budget_from_json(data: dict[str, Any]) -> Budget:
-    """Inverse of ``to_json``. Zero amounts are accepted (a spent total may be zero)."""
+    """Inverse of ``to_json``. Zero amounts are accepted (a spent total may be zero).
+
+    An optional field (the ``delta`` of pure_dp and zcdp) may be absent: it reads as 0.
+    """
     try:
         cls = MEASURES[data["measure"]]
     except (KeyError, TypeError):
@@ -194,13 +235,16 @@ def budget_from_json(data: dict[str, Any]) -> Budget:
     values = []
     for f in cls.FIELDS:
         if f not in data:
+            if f in cls.OPTIONAL:
+                values.append(Fraction(0))
+                continue
             raise InvalidBudgetError(f"budget field {f!r} is missing")
         v = to_fraction(data[f], f)
         if v < 0:
             raise InvalidBudgetError(f"{f} must be >= 0")
+        if f == "delta" and v >= 1:
+            raise InvalidBudgetError("delta must be < 1")
         values.append(v)
-    if cls is ApproxDP and values[1] >= 1:
-        raise InvalidBudgetError("delta must be < 1")
     return cls._build(*values)
 
 
@@ -212,7 +256,7 @@ def parse_budget(measure: str, **values: Number) -> Budget:
         raise InvalidBudgetError(
             f"unknown measure {measure!r}; expected one of {sorted(MEASURES)}"
         ) from None
-    missing = [f for f in cls.FIELDS if f not in values]
+    missing = [f for f in cls.FIELDS if f not in values and f not in cls.OPTIONAL]
     extra = [k for k in values if k not in cls.FIELDS]
     if missing or extra:
         raise InvalidBudgetError(

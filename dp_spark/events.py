@@ -70,9 +70,14 @@ class NoiseEvent:
     * ``cells``: how many cells (public keys) were released, one draw each;
     * ``grid_exponent``: outputs are multiples of 2^grid_exponent (0 for counts);
     * ``partitions_per_unit``: the effective L0 the sensitivity was derived with;
-    * ``parallel``: True exactly when ``partitions_per_unit == 1``.
+    * ``parallel``: True exactly when ``partitions_per_unit == 1``;
+    * ``delta``: discrete Laplace only, default 0: a failure probability on top of the pure
+      epsilon part, for a *thresholded* Laplace mechanism (private partition selection: the
+      noisy counts are epsilon-DP, publishing only the keys above a threshold fails with
+      probability at most delta). Written in the event JSON only when > 0, so events without
+      it keep their JSON (and so their hashes) unchanged.
 
-    Cost (:meth:`natural_cost`): Laplace -> ``PureDP(sensitivity / scale)``; Gaussian ->
+    Cost (:meth:`natural_cost`): Laplace -> ``PureDP(sensitivity / scale, delta)``; Gaussian ->
     ``ZCDP(l2_squared / (2 scale^2))`` (Canonne, Kamath, Steinke 2020, for integer-valued
     statistics). The cost is always derived from the *vector* sensitivity, so the cells of
     one event are priced together:
@@ -94,6 +99,7 @@ class NoiseEvent:
     grid_exponent: int = 0
     partitions_per_unit: int = 1
     parallel: Optional[bool] = None
+    delta: Fraction = Fraction(0)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -122,6 +128,12 @@ class NoiseEvent:
         set_(self, "cells", _int(self.cells, "cells", 1))
         set_(self, "grid_exponent", _int(self.grid_exponent, "grid_exponent", None))
         set_(self, "partitions_per_unit", _int(self.partitions_per_unit, "partitions_per_unit", 1))
+        delta = _frac(self.delta, "delta")
+        if not 0 <= delta < 1:
+            raise InvalidEventError("event field 'delta' must be >= 0 and < 1")
+        if delta > 0 and self.mechanism != LAPLACE:
+            raise InvalidEventError("event field 'delta' is only allowed for a discrete_laplace event")
+        set_(self, "delta", delta)
         expected = self.partitions_per_unit == 1
         if self.parallel is None:
             set_(self, "parallel", expected)
@@ -133,7 +145,7 @@ class NoiseEvent:
     def natural_cost(self) -> Union[PureDP, ZCDP]:
         """The privacy loss in the mechanism's own measure (exact)."""
         if self.mechanism == LAPLACE:
-            return PureDP(self.sensitivity / self.scale)
+            return PureDP(self.sensitivity / self.scale, self.delta)
         return ZCDP(self.l2_squared / (2 * self.scale * self.scale))
 
 
@@ -168,7 +180,7 @@ Event = Union[NoiseEvent, ComposedEvent]
 def event_to_json(e: Event) -> dict[str, Any]:
     """A JSON-ready dict; Fractions as strings, so the round trip is exact."""
     if isinstance(e, NoiseEvent):
-        return {
+        out = {
             "type": "noise",
             "format": _FORMAT,
             "mechanism": e.mechanism,
@@ -181,6 +193,9 @@ def event_to_json(e: Event) -> dict[str, Any]:
             "partitions_per_unit": e.partitions_per_unit,
             "parallel": e.parallel,
         }
+        if e.delta > 0:  # only when set: events without delta keep their JSON and hashes
+            out["delta"] = str(e.delta)
+        return out
     if isinstance(e, ComposedEvent):
         return {"type": "composed", "format": _FORMAT, "children": [event_to_json(c) for c in e.children]}
     raise InvalidEventError("not an event")
@@ -198,7 +213,7 @@ def _frac_from_json(value: Any, name: str) -> Optional[Fraction]:
 
 
 _NOISE_KEYS = {"type", "format", "mechanism", "statistic", "scale", "sensitivity", "l2_squared",
-               "cells", "grid_exponent", "partitions_per_unit", "parallel"}
+               "cells", "grid_exponent", "partitions_per_unit", "parallel", "delta"}
 
 
 def event_from_json(d: Any) -> Event:
@@ -225,6 +240,7 @@ def event_from_json(d: Any) -> Event:
             grid_exponent=d["grid_exponent"],
             partitions_per_unit=d["partitions_per_unit"],
             parallel=d["parallel"],
+            delta=_frac_from_json(d.get("delta"), "delta") or Fraction(0),
         )
     if kind == "composed":
         if set(d) - {"type", "format", "children"} or not isinstance(d.get("children"), list):
