@@ -54,6 +54,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+from dp_spark.accountant import budget_exceeded
 from dp_spark.budget import MEASURES, Budget, budget_from_json
 from dp_spark.errors import (
     BudgetExceededError,
@@ -1420,10 +1421,11 @@ class SqlLedger(Ledger):
                     f"budget {budget_id!r} accounts in {policy.measure}; the release charges {charge.MEASURE}"
                 )
             spent, summary = self._window_spent(cur, b, t)
-            if policy.max_per_release is not None and not charge.fits_in(policy.max_per_release):
+            if not policy.within_release_limit(charge):
                 raise ReleaseLimitExceededError(budget_id, policy.max_per_release, spent, charge)
             if not (spent + charge).fits_in(policy.cap):
-                raise BudgetExceededError(budget_id, policy.cap, spent, charge)
+                # names delta_cap when the delta is what does not fit (DeltaCapExceededError)
+                raise budget_exceeded(budget_id, policy.cap, spent, charge)
             seq = b.head_seq + 1
             created = ts_text(t)
             row = (budget_id, seq, release_id, release_family, ctext, event_json, "reserved", principal,

@@ -11,7 +11,9 @@ A policy file (``conf/policies/budgets.yaml``) maps budget ids to policies::
         cap: {rho: 2.0}
         statement_delta: 1.0e-7       # zcdp only: the delta of published (eps, delta) statements
         window: monthly               # none | daily | monthly | {kind: rolling, days: 7}
-        max_per_release: {rho: 1.0}   # optional
+        max_per_release: {rho: 1.0}   # optional; may carry delta too: {rho: 1.0, delta: 1.0e-7}
+        delta_cap: 1.0e-6             # optional, default 0: the delta releases may spend in a
+                                      # window (private key selection); pure_dp and zcdp only
 
 Everything is validated when the file is loaded, before any data is read; every error is a
 :class:`~dp_spark.errors.ConfigError` naming the file and the field. Windows are calendar
@@ -137,6 +139,11 @@ class BudgetPolicy:
     ``statement_delta`` is required for ``zcdp`` (the delta of the (epsilon, delta) statement
     published with each release) and refused for other measures. ``max_per_release``, when
     given, is in the budget's measure and fits in the cap.
+
+    The delta cap (policy field ``delta_cap``, default 0) is the cap's ``delta`` (pure_dp and
+    zcdp; an approx_dp cap has its own delta): the delta that releases spending delta (private
+    key selection) may use in a window, besides the epsilon or rho cap. :attr:`delta_cap`
+    reads it back.
     """
 
     budget_id: str
@@ -191,7 +198,33 @@ class BudgetPolicy:
             if not self.max_per_release.fits_in(self.cap):
                 raise ConfigError(f"budget {self.budget_id!r}: max_per_release exceeds the cap")
 
+    def within_release_limit(self, charge: Budget) -> bool:
+        """True when ``charge`` fits the per-release maximum (always, without one). A maximum
+        that carries no delta limits the epsilon or rho part only; the delta of a release is
+        then bounded by the delta cap alone."""
+        limit = self.max_per_release
+        if limit is None:
+            return True
+        if limit.delta_part == 0 and charge.delta_part > 0 and type(charge) is type(limit) \
+                and self.measure != "approx_dp":
+            charge = type(charge)._build(*(getattr(charge, f) if f != "delta" else Fraction(0)
+                                           for f in charge.FIELDS))
+        return charge.fits_in(limit)
+
+    @property
+    def delta_cap(self) -> Fraction:
+        """The delta the budget allows per window (0: releases that spend delta are refused)."""
+        return self.cap.delta_part
+
     def to_json(self) -> dict[str, Any]:
+        out = self._json()
+        # only when non-zero: the stored policy (and its hash) of a budget without delta is
+        # the one it always had
+        if self.measure != "approx_dp" and self.delta_cap > 0:
+            out["delta_cap"] = str(self.delta_cap)
+        return out
+
+    def _json(self) -> dict[str, Any]:
         return {
             "budget_id": self.budget_id,
             "dataset": self.dataset,
@@ -209,7 +242,7 @@ class BudgetPolicy:
 # --------------------------------------------------------------------------------------
 _POLICY_KEYS = {
     "dataset", "privacy_unit", "measure", "cap", "statement_delta", "window", "max_per_release",
-    "description",
+    "description", "delta_cap",
 }
 _TOP_KEYS = {"version", "budgets"}
 
@@ -261,7 +294,20 @@ def _policy(budget_id: Any, raw: Any, source: str) -> BudgetPolicy:
     measure = raw["measure"]
     if measure not in MEASURES:
         raise _err(source, f"{prefix}.measure", f"must be one of {sorted(MEASURES)}")
+    if measure != "approx_dp" and isinstance(raw["cap"], Mapping) and "delta" in raw["cap"]:
+        raise _err(source, f"{prefix}.cap", f"the delta cap of a {measure} budget is `delta_cap:`, not cap.delta")
     cap = _amount(raw["cap"], measure, source, f"{prefix}.cap")
+    if raw.get("delta_cap") is not None:
+        if measure == "approx_dp":
+            raise _err(source, f"{prefix}.delta_cap", "an approx_dp budget carries its delta in cap: {epsilon, delta}")
+        try:
+            delta_cap = to_fraction(raw["delta_cap"], "delta_cap")
+        except InvalidBudgetError as exc:
+            raise _err(source, f"{prefix}.delta_cap", str(exc)) from None
+        if not 0 <= delta_cap < 1:
+            raise _err(source, f"{prefix}.delta_cap", "must be >= 0 and < 1")
+        cap = parse_budget(measure, **{f: getattr(cap, f) for f in MEASURES[measure].FIELDS if f != "delta"},
+                           delta=delta_cap)
     max_per_release = None
     if raw.get("max_per_release") is not None:
         max_per_release = _amount(raw["max_per_release"], measure, source, f"{prefix}.max_per_release")

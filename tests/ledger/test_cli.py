@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,7 @@ def test_an_edited_cap_is_refused_until_an_admin_accepts_it(tmp_path, monkeypatc
     with open_ledger(url) as led:
         with pytest.raises(PolicyChangedError, match="accept-policy --budget demo_events_user"):
             led.register_budget(load_policies(budgets)["demo_events_user"])  # the next publish: refused
-        assert led.get_policy("demo_events_user").cap == ZCDP(2)
+        assert led.get_policy("demo_events_user").cap == ZCDP(2, Fraction(1, 10**6))
 
     # a publisher cannot accept it (refused, audited)
     monkeypatch.setenv("DP_SPARK_PRINCIPAL", "publisher_bob")
@@ -164,7 +165,7 @@ def test_an_edited_cap_is_refused_until_an_admin_accepts_it(tmp_path, monkeypatc
     assert "policy version 2 accepted by admin_carol" in out and "cap:" in out
     with open_ledger(url) as led:
         led.register_budget(load_policies(budgets)["demo_events_user"])
-        assert led.get_policy("demo_events_user").cap == ZCDP(20)
+        assert led.get_policy("demo_events_user").cap == ZCDP(20, Fraction(1, 10**6))
         hist = led.policy_history("demo_events_user")
         assert [(h.version, h.principal, h.reason) for h in hist][1] == (2, "admin_carol", "yearly review")
         row = led.audit_rows()[-1]

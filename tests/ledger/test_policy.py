@@ -23,12 +23,13 @@ def test_shipped_policies():
     assert set(p) == {"demo_events_user", "demo_events_user_pure"}
     z = p["demo_events_user"]
     assert (z.budget_id, z.dataset, z.privacy_unit, z.measure) == ("demo_events_user", "demo_events", "user", "zcdp")
-    assert z.cap == ZCDP(2) and z.max_per_release == ZCDP(1)
+    assert z.cap == ZCDP(2, Fraction(1, 10**6)) and z.max_per_release == ZCDP(1)
+    assert z.delta_cap == Fraction(1, 10**6)  # releases with private keys may spend delta
     assert z.statement_delta == Fraction(1, 10**7)
     assert z.window == WindowPolicy("monthly")
     e = p["demo_events_user_pure"]
     assert e.measure == "pure_dp" and e.cap == PureDP(10) and e.max_per_release == PureDP(5)
-    assert e.statement_delta is None and e.window.kind == "monthly"
+    assert e.statement_delta is None and e.window.kind == "monthly" and e.delta_cap == 0
     assert "rolling" in SHIPPED.read_text()  # the commented example
 
 
