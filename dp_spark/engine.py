@@ -540,7 +540,7 @@ class Engine:
         cost = acc.compose([s.event for s in plan.statistics])
         if not cost.fits_in(charge):  # calibration rounds scales up, so the cost never exceeds the charge
             raise DpSparkError("internal: planned cost exceeds the declared charge")
-        if policy.max_per_release is not None and not charge.fits_in(policy.max_per_release):
+        if not policy.within_release_limit(charge):
             # a property of the spec and the policy: refused whatever is spent (the ledger's
             # reserve checks it again against the registered policy)
             raise ReleaseLimitExceededError(spec.budget_id, policy.max_per_release, None, charge)
@@ -825,6 +825,7 @@ class Engine:
                 sort_keys=True),
             "charge_epsilon": float(charge.epsilon) if isinstance(charge, PureDP) else None,
             "charge_rho": float(charge.rho) if isinstance(charge, ZCDP) else None,
+            "charge_delta": float(charge.delta_part) if charge.delta_part > 0 else None,
             "statement_epsilon": statement["epsilon"], "statement_delta": statement["delta"],
             "budget_id": spec.budget_id,
             "bounds_json": json.dumps(bounds_to_json(spec.bounds), sort_keys=True),

@@ -56,6 +56,9 @@ RELEASE_SCHEMA = T.StructType(
         T.StructField("charge_json", T.StringType(), False),
         T.StructField("charge_epsilon", T.DoubleType(), True),
         T.StructField("charge_rho", T.DoubleType(), True),
+        # the delta the release's charge spends (private key selection); null for a charge
+        # without delta and in rows written before the column existed
+        T.StructField("charge_delta", T.DoubleType(), True),
         T.StructField("statement_epsilon", T.DoubleType(), True),
         T.StructField("statement_delta", T.DoubleType(), True),
         T.StructField("budget_id", T.StringType(), False),
@@ -71,6 +74,11 @@ RELEASE_SCHEMA = T.StructType(
         T.StructField("created_at", T.TimestampType(), False),
     ]
 )
+
+# nullable columns added to RELEASE_SCHEMA after tables were written: name -> type, as in
+# the schema (simpleString) and in SQL (ALTER TABLE ... ADD COLUMNS)
+_ADDED_COLUMNS = {"keys": "map<string,string>", "charge_delta": "double"}
+_ADDED_SQL = {"keys": "MAP<STRING, STRING>", "charge_delta": "DOUBLE"}
 
 
 @dataclass(frozen=True)
@@ -235,7 +243,9 @@ def table_exists(spark: SparkSession, path: str) -> bool:
 def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
     """Refuse (``OutputSchemaError``) an existing table at ``path`` that a release cannot be
     written into. Creates and changes nothing: ``"absent"`` (no table yet), ``"needs_keys"``
-    (a table written before the ``keys`` column existed) or ``"ok"``."""
+    (a table written before the ``keys`` column existed), ``"needs_columns"`` (a table
+    written before some of the nullable columns added since existed: ``keys``,
+    ``charge_delta``) or ``"ok"``."""
     existing = _delta_schema(spark, path)
     if existing is None:
         return "absent"
@@ -243,6 +253,8 @@ def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
     have = {(f.name, f.dataType.simpleString()) for f in existing.fields}
     if want - have == {("keys", "map<string,string>")} and not have - want:
         return "needs_keys"
+    if want - have and want - have <= set(_ADDED_COLUMNS.items()) and not have - want:
+        return "needs_columns"
     if want != have:
         missing = sorted(n for n, _ in want - have)
         raise OutputSchemaError(
@@ -260,10 +272,12 @@ def ensure_release_table(spark: SparkSession, path: str) -> None:
     not create the table.
     """
     state = check_release_table(spark, path)
-    if state == "needs_keys":
-        # a table written before the ``keys`` column existed: add it (metadata only;
-        # its old rows read it as null)
-        spark.sql(f"ALTER TABLE {_sql_ref(path)} ADD COLUMNS (keys MAP<STRING, STRING>)")
+    if state in ("needs_keys", "needs_columns"):
+        # a table written before the ``keys`` / ``charge_delta`` columns existed: add the
+        # missing ones (metadata only; its old rows read them as null)
+        have = {f.name for f in _delta_schema(spark, path).fields}
+        missing = [f"{name} {_ADDED_SQL[name]}" for name in _ADDED_COLUMNS if name not in have]
+        spark.sql(f"ALTER TABLE {_sql_ref(path)} ADD COLUMNS ({', '.join(missing)})")
         return
     if state == "ok":
         return
