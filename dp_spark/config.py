@@ -53,6 +53,47 @@ def _require(d: Mapping[str, Any], key: str, source: str, prefix: str = "") -> A
     return d[key]
 
 
+def _budget_charge(bud: Mapping[str, Any], measure: str, source: str) -> Budget:
+    """The charge of a spec's ``budget`` block (see docs/config.md, "The budget block").
+
+    * ``{measure: pure_dp, epsilon: E[, delta: D]}`` -> ``PureDP(E, D)``;
+    * ``{measure: zcdp, rho: R[, delta: D]}`` -> ``ZCDP(R, D)`` (delta-approximate zCDP);
+    * ``{measure: zcdp, epsilon: E, delta: D}`` -> ``ZCDP(R)``, R the largest rho whose OpenDP
+      zCDP -> (epsilon, delta) conversion at D is at most E (rounded down, checked by converting
+      back); D is then the conversion's delta, not a delta spent, so the charge has delta 0.
+    """
+    from dp_spark.budget import ZCDP
+
+    delta = None
+    if "delta" in bud:
+        try:
+            delta = to_fraction(bud["delta"], "budget.delta")
+        except DpSparkError as exc:
+            raise _err(source, "budget.delta", str(exc)) from None
+        if not 0 <= delta < 1:
+            raise _err(source, "budget.delta", "must be >= 0 and < 1")
+    if measure == "zcdp" and "epsilon" in bud:
+        if "rho" in bud:
+            raise _err(source, "budget", "a zcdp charge takes rho, or epsilon with delta, not both")
+        if delta is None or delta == 0:
+            raise _err(source, "budget",
+                       "a zcdp charge takes rho, or epsilon with delta (the delta of its conversion, "
+                       "0 < delta < 1)")
+        from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
+
+        try:
+            return ZCDP(approx_to_zcdp_rho(bud["epsilon"], delta))
+        except DpSparkError as exc:
+            raise _err(source, "budget.epsilon", str(exc)) from None
+    fields = {k: bud[k] for k in ("epsilon", "rho") if k in bud}
+    if delta is not None:
+        fields["delta"] = delta
+    try:
+        return parse_budget(measure, **fields)
+    except DpSparkError as exc:
+        raise _err(source, "budget", str(exc)) from None
+
+
 def _check_keys(d: Mapping[str, Any], allowed: set[str], source: str, prefix: str = "") -> None:
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -460,7 +501,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
         raise _err(source, "bounds", str(exc)) from None
 
     bud = _mapping(_require(data, "budget", source), source, "budget")
-    _check_keys(bud, {"id", "measure", "epsilon", "rho"}, source, "budget.")
+    _check_keys(bud, {"id", "measure", "epsilon", "rho", "delta"}, source, "budget.")
     budget_id = _require(bud, "id", source, "budget.")
     if not isinstance(budget_id, str) or not _NAME_RE.match(budget_id):
         raise _err(source, "budget.id", "must be an identifier")
@@ -468,11 +509,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
     if measure not in ("pure_dp", "zcdp"):
         raise _err(source, "budget.measure",
                    "must be 'pure_dp' (discrete Laplace) or 'zcdp' (discrete Gaussian)")
-    fields = {k: bud[k] for k in ("epsilon", "rho") if k in bud}
-    try:
-        charge = parse_budget(measure, **fields)
-    except DpSparkError as exc:
-        raise _err(source, "budget", str(exc)) from None
+    charge = _budget_charge(bud, measure, source)
 
     mean: Optional[MeanOptions] = None
     if metric == "mean":
