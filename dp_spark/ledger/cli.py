@@ -138,8 +138,39 @@ def _num(v: Fraction) -> str:
     return text if Fraction(text) == v else f"{text} (exactly {v})"
 
 
-def fmt_budget(b: Budget) -> str:
-    return ", ".join(f"{f}={_num(getattr(b, f))}" for f in b.FIELDS)
+def fmt_budget(b: Budget, policy: Optional[BudgetPolicy] = None, *, show_delta: bool = False) -> str:
+    """``rho=0.5`` / ``epsilon=1``; the delta when it is > 0, or always with ``show_delta``
+    (pure_dp and zcdp; approx_dp always shows it). With the budget's ``policy``, a zcdp amount
+    is also shown as (epsilon, delta) at the budget's statement delta: epsilon is OpenDP's
+    conversion of rho at the statement delta, delta is the statement delta plus the amount's
+    own delta (``Accountant.statement``)."""
+    shown = [f for f in b.FIELDS if f not in b.OPTIONAL or show_delta or getattr(b, f) > 0]
+    text = ", ".join(f"{f}={_num(getattr(b, f))}" for f in shown)
+    return text + _as_epsilon(b, policy)
+
+
+def _as_epsilon(b: Budget, policy: Optional[BudgetPolicy]) -> str:
+    """`` (epsilon=E at delta=D)`` for a zcdp amount with rho > 0 under a policy with a
+    statement delta; empty otherwise."""
+    if policy is None or b.MEASURE != "zcdp" or policy.statement_delta is None or b.rho == 0:
+        return ""
+    from dp_spark.accountant import Accountant
+
+    st = Accountant("zcdp", statement_delta=policy.statement_delta).statement(b)
+    return f" (epsilon={st['epsilon']:.4g} at delta={st['delta']:.3g})"
+
+
+def _delta_json(policy: BudgetPolicy, cap: Budget, spent: Budget, remaining: Budget) -> dict[str, Any]:
+    """The delta block of ``budget status --json`` and, for zcdp, the spend as (epsilon, delta)."""
+    out: dict[str, Any] = {"delta_cap": str(cap.delta_part), "delta_spent": str(spent.delta_part),
+                           "delta_remaining": str(remaining.delta_part)}
+    if policy.measure == "zcdp" and policy.statement_delta is not None:
+        from dp_spark.accountant import Accountant
+
+        acc = Accountant("zcdp", statement_delta=policy.statement_delta)
+        out["spent_as_epsilon_delta"] = {k: acc.statement(spent)[k] for k in ("epsilon", "delta")}
+        out["cap_as_epsilon_delta"] = {k: acc.statement(cap)[k] for k in ("epsilon", "delta")}
+    return out
 
 
 def _ts(dt: Optional[datetime]) -> str:
@@ -169,12 +200,15 @@ def _entry_json(e: LedgerEntry) -> dict[str, Any]:
             "committed_at": _ts(e.committed_at) if e.committed_at else None}
 
 
-def _print_entries(entries: list[LedgerEntry], out: TextIO, indent: str = "  ") -> None:
+def _print_entries(entries: list[LedgerEntry], out: TextIO, indent: str = "  ",
+                   policy: Optional[BudgetPolicy] = None) -> None:
     if not entries:
         print(f"{indent}(no releases)", file=out)
         return
+    show_delta = policy is not None and policy.delta_cap > 0
     rows = [("seq", "release_id", "family", "charge", "state", "created", "committed")]
-    rows += [(str(e.seq), e.release_id, e.release_family, fmt_budget(e.charge), e.state,
+    rows += [(str(e.seq), e.release_id, e.release_family, fmt_budget(e.charge, policy, show_delta=show_delta),
+              e.state,
               _ts(e.created_at), _ts(e.committed_at)) for e in entries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -196,16 +230,20 @@ def _status_block(bid: str, policy: BudgetPolicy, st: Optional[BudgetStatus], in
     delta = f", statement delta {_num(policy.statement_delta)}" if policy.statement_delta is not None else ""
     print(f"  measure    {policy.measure}{delta}", file=out)
     print(f"  window     {window}", file=out)
-    print(f"  cap        {fmt_budget(cap)}", file=out)
+    # delta always shown (pure_dp, zcdp: the delta cap; 0 = releases spending delta refused)
+    print(f"  cap        {fmt_budget(cap, policy, show_delta=True)}", file=out)
     if policy.max_per_release is not None:
-        print(f"  per release at most {fmt_budget(policy.max_per_release)}", file=out)
-    print(f"  spent      {fmt_budget(spent)}  ({n} release{'s' if n != 1 else ''} in this window; "
-          f"reserved counts as spent)", file=out)
-    print(f"  remaining  {fmt_budget(remaining)}", file=out)
+        print(f"  per release at most {fmt_budget(policy.max_per_release, policy)}", file=out)
+    print(f"  spent      {fmt_budget(spent, policy, show_delta=True)}  ({n} release{'s' if n != 1 else ''} "
+          f"in this window; reserved counts as spent)", file=out)
+    print(f"  remaining  {fmt_budget(remaining, policy, show_delta=True)}", file=out)
+    if policy.measure != "approx_dp" and cap.delta_part == 0:
+        print(f"  delta cap  0: releases that spend delta (private keys) are refused; add `delta_cap:` "
+              f"in budgets.{bid} of the policy file to allow them", file=out)
     if note:
         print(f"  note       {note}", file=out)
     print("  releases in this window:", file=out)
-    _print_entries(in_window, out, indent="    ")
+    _print_entries(in_window, out, indent="    ", policy=policy)
 
 
 def _status(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[str, BudgetPolicy],
@@ -244,6 +282,9 @@ def _status(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[s
                 "window_start": _ts(st.window_start) if st and st.window_start else None,
                 "window_end": _ts(st.window_end) if st and st.window_end else None,
                 "releases": [_entry_json(e) for e in in_window], "note": note or None,
+                **_delta_json(policy, policy.cap if st is None else st.cap,
+                              st.spent if st else MEASURES[policy.measure].zero(),
+                              st.remaining if st else policy.cap),
             })
             continue
         if i:
@@ -270,7 +311,11 @@ def _history(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[
               file=out)
         return 0
     print(f"budget {args.budget}: {len(entries)} release{'s' if len(entries) != 1 else ''}", file=out)
-    _print_entries(entries, out)
+    if ledger is not None and args.budget in ledger.budget_ids():
+        shown_policy: Optional[BudgetPolicy] = ledger.get_policy(args.budget)
+    else:
+        shown_policy = policies.get(args.budget)
+    _print_entries(entries, out, policy=shown_policy)
     return 0
 
 
