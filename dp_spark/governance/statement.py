@@ -360,6 +360,8 @@ def privacy_statement(
             "cap": _budget_json(pol.cap if pol is not None else st.cap),
             "cap_statement": _statement_of(pol.cap if pol is not None else st.cap, pol),
             "statement_delta": None if pol is None or pol.statement_delta is None else str(pol.statement_delta),
+            # the delta releases may spend per window (private key selection); 0: none may
+            "delta_cap": str((pol.cap if pol is not None else st.cap).delta_part),
             "window": None if pol is None else pol.window.describe(),
             "max_per_release": None if pol is None else _budget_json(pol.max_per_release),
             "dataset": None if pol is None else pol.dataset,
@@ -377,7 +379,9 @@ def privacy_statement(
         current_window.append({"budget_id": bid, "start": _iso(st.window_start), "end": _iso(st.window_end),
                                "cap": st.cap.to_json(), "spent": st.spent.to_json(),
                                "remaining": st.remaining.to_json(),
-                               "spent_statement": _statement_of(st.spent, pol)})
+                               "spent_statement": _statement_of(st.spent, pol),
+                               "delta_spent": str(st.spent.delta_part),
+                               "delta_remaining": str(st.remaining.delta_part)})
         if pol is not None and pol.window.kind in ("none", "daily", "monthly"):
             groups: "OrderedDict[tuple, dict[str, Any]]" = OrderedDict()
             for e in sorted(all_entries[bid], key=lambda e: e.created_at):
@@ -607,6 +611,7 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
     add("")
     for a in d["accounting"]:
         add(f"- Budget `{a['budget_id']}`: {a['accountant']}; cap {_b(a['cap'])} ({_st(a['cap_statement'])}); "
+            f"delta cap {float(Fraction(a.get('delta_cap') or '0')):.3g}; "
             f"window {a['window']}; max per release {_b(a['max_per_release'])}.")
     add("")
     for a in d["accounting"]:
@@ -644,7 +649,9 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
             f"{t['family_releases']} releases; whole budget {_b(t['budget_total'])} "
             f"({_st(t['budget_statement'])}) over {t['budget_releases']} releases.")
     for c in d["charges"]["current_window"]:
-        add(f"- Current window of `{c['budget_id']}`: spent {_b(c['spent'])}, remaining {_b(c['remaining'])}.")
+        add(f"- Current window of `{c['budget_id']}`: spent {_b(c['spent'])} ({_st(c.get('spent_statement'))}), "
+            f"remaining {_b(c['remaining'])}; delta spent {float(Fraction(c.get('delta_spent') or '0')):.3g}, "
+            f"delta remaining {float(Fraction(c.get('delta_remaining') or '0')):.3g}.")
     add("")
     add("## Minimum group sizes")
     add("")
