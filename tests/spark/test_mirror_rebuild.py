@@ -36,9 +36,9 @@ def run(*argv):
 def test_rebuild_mirror_from_the_sql_ledger_and_over_a_damaged_mirror(spark, tmp_path):
     env_file = _env(tmp_path)
     wh = tmp_path / "wh"
-    # no ledger yet: an error, and nothing is created
+    # no ledger yet: an error naming it (exit 2, a configuration error), and nothing is created
     rc, _, err = run("rebuild-mirror", "--env", env_file)
-    assert rc == 1 and "no ledger" in err and not (wh / "ledger.db").exists()
+    assert rc == 2 and "no ledger" in err and not (wh / "ledger.db").exists()
 
     policy = load_policies(POLICIES)["demo_events_user"]
     with open_ledger(f"sqlite:{wh / 'ledger.db'}") as led:
