@@ -63,6 +63,8 @@ AUDIT_SCHEMA = T.StructType([
 
 def _float(charge: Any, name: str):
     v = getattr(charge, name, None)
+    if name in getattr(charge, "OPTIONAL", ()) and v == 0:
+        return None  # a pure_dp / zcdp charge without delta: null, as before delta existed
     return None if v is None else float(v)
 
 
