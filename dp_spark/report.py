@@ -16,6 +16,17 @@ def _fmt_budget(b) -> str:
     return "none" if b is None else str(b)
 
 
+def _as_statement(result) -> str:
+    """`` = (epsilon E, delta D)``: the release's published statement of its charge (for a
+    zCDP charge, rho as epsilon at the budget's statement delta plus any delta spent)."""
+    rows = getattr(result, "rows", None) or []
+    eps = rows[0].get("statement_epsilon") if rows else None
+    delta = rows[0].get("statement_delta") if rows else None
+    if eps is None or getattr(result.charge, "MEASURE", "") != "zcdp":
+        return ""
+    return f" = (epsilon {float(eps):.4g}, delta {float(delta or 0):.3g})"
+
+
 def print_summary(spec: ReleaseSpec, result, statement_path: Optional[Path], file=None) -> None:
     import sys
 
@@ -23,7 +34,7 @@ def print_summary(spec: ReleaseSpec, result, statement_path: Optional[Path], fil
     print(f"== {spec.name}: {result.status} ({len(result.rows)} cells)", file=f)
     print(f"   release_id: {result.release_id}", file=f)
     print(f"   table:      {result.table_path}", file=f)
-    print(f"   charged:    {_fmt_budget(result.charge)}   remaining in {spec.budget_id}: "
+    print(f"   charged:    {_fmt_budget(result.charge)}{_as_statement(result)}   remaining in {spec.budget_id}: "
           f"{_fmt_budget(result.budget_remaining)}", file=f)
     if statement_path is not None:
         print(f"   privacy statement: {statement_path}", file=f)
