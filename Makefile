@@ -23,7 +23,7 @@ COMPAT_PINS := pyspark==4.0.1 delta-spark==4.0.1
 COMPAT_TESTS := tests/unit tests/spark
 
 .PHONY: setup jars demo test test-fast test-cluster test-connect test-deploy \
-	setup-compat jars-compat test-compat clean
+	setup-compat jars-compat test-compat print-compat-python clean
 
 setup: $(VENV)/.installed jars
 
@@ -61,6 +61,9 @@ test-compat: setup-compat
 	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
 	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 \
 	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider $(COMPAT_TESTS)
+
+print-compat-python:
+	@echo $(COMPAT_PYTHON)
 
 # README command 1: set up, generate the demo data, publish the DAU trend and the AOV
 # per region on the embedded default (local Spark, local Delta warehouse, SQLite ledger).
