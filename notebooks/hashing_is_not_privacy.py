@@ -9,9 +9,28 @@
 # MAGIC differentially private release of the same information looks like, and why the attack has
 # MAGIC nothing to hold on to.
 # MAGIC
-# MAGIC Runs in Databricks (ambient `spark`) and as a plain script with local Spark:
-# MAGIC `python notebooks/hashing_is_not_privacy.py`. Paths come from the environment file
-# MAGIC (`conf/envs/local.yaml` or `$DP_SPARK_ENV`).
+# MAGIC Runs in Databricks (ambient `spark`, tables with `display()`, the chart inline) and as a
+# MAGIC plain script with local Spark: `python notebooks/hashing_is_not_privacy.py` (tables printed,
+# MAGIC the chart written under `<warehouse>/charts/`). The `env` widget names the environment file
+# MAGIC (default: `conf/envs/databricks.yaml` on Databricks, else `conf/envs/local.yaml`; outside
+# MAGIC Databricks `$DP_SPARK_ENV`). Nothing is written to the repository folder.
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Install (Databricks only)
+# MAGIC The next cell installs the package from this repository (its parent folder). It is a `%pip`
+# MAGIC magic: it runs only on Databricks; as a plain script it is a comment, and the notebook
+# MAGIC tests skip it by name and report it. Locally, `make setup` installed everything.
+
+# COMMAND ----------
+
+# MAGIC %pip install --quiet ..
+
+# COMMAND ----------
+
+if "dbutils" in globals():  # Databricks: restart Python so that what %pip installed is what is imported
+    dbutils.library.restartPython()  # noqa: F821 - provided by Databricks
 
 # COMMAND ----------
 
@@ -28,7 +47,10 @@ except NameError:  # Databricks Repos: the working directory is the notebook's f
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-ENV_FILE = os.environ.get("DP_SPARK_ENV", str(ROOT / "conf" / "envs" / "local.yaml"))
+from dp_spark.notebook import Notebook  # noqa: E402
+
+nb = Notebook(globals(), root=ROOT)
+ENV_FILE = nb.path(nb.widget("env", nb.default_env(), "Environment file", env_var="DP_SPARK_ENV"))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -80,7 +102,7 @@ spend = orders.groupby("user_id", as_index=False)["order_value"].sum().rename(co
 export = people.merge(spend, on="user_id")
 export["user_hash"] = export["user_id"].map(sha256)
 export = export[["user_hash", "zip", "age", "gender", "total_spend"]]
-print(export.head().to_string(index=False))
+nb.show(export.head(), "the hashed export (first rows)")
 
 # COMMAND ----------
 
@@ -150,7 +172,7 @@ partials = collect_partials(build_partials(orders_df, spec, salt="synthetic-demo
                             public_keys=list(spec.keys), has_sum=False)
 plan = plan_release(spec)
 released = pd.DataFrame(noise_cells(plan, partials, default_source()))
-print(released[["key", "value", "ci_low", "ci_high", "mechanism"]].head(8).to_string(index=False))
+nb.show(released[["key", "value", "ci_low", "ci_high", "mechanism"]].head(8), "the DP release (first rows)")
 print(f"columns of the release: {sorted(released.columns)}")
 assert "user_hash" not in released.columns and "user_id" not in released.columns
 print(f"rows: {len(released)} (one per public zip), for {len(people):,} people: no per-user row to link")
@@ -212,9 +234,7 @@ try:
     ax.set_xlabel("released count of users in Alice's zip code")
     ax.set_ylabel(f"frequency over {REPEATS:,} releases")
     ax.legend()
-    out = Path(env.warehouse) / "charts" / "membership_overlap.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    print(f"wrote {out}")
+    charts = nb.output_dir(env, "charts")  # None: an object-store warehouse, the chart is only displayed
+    nb.figure(fig, None if charts is None else charts / "membership_overlap.png", "membership overlap")
 except ImportError:  # pragma: no cover - matplotlib is a dependency
     pass
