@@ -383,6 +383,9 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
                            run_date: Optional[date] = None) -> ReleaseSpec:
     """Validate a release spec. ``run_date``: the job's date, against which relative date keys
     (``end: today``, ``through: yesterday``) resolve; default UTC today."""
+    from dp_spark.spec_model import check_release_dict
+
+    check_release_dict(data, source)  # every structural error at once (pydantic); then the checks below
     allowed = {
         "name", "family", "description", "dataset", "privacy_unit", "neighbouring", "metric",
         "group_by", "value", "bounds", "budget", "mean", "confidence", "on_exhausted",
