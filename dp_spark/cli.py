@@ -721,6 +721,29 @@ REGISTRY: list[Command] = [
             "(--force overwrites: a new input snapshot, so the next publish charges again)."),
 ]
 
+
+# -- schema: the JSON Schema of release specs (dp_spark.spec_model) ----------------------------
+def _add_schema(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="FILE", help="write the schema to FILE instead of standard output")
+
+
+def _run_schema(args: argparse.Namespace) -> int:
+    from dp_spark.spec_model import release_spec_json_schema_text
+
+    text = release_spec_json_schema_text()
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+REGISTRY.append(Command(
+    "schema", "print the JSON Schema of release specs (editors complete and check them)", _add_schema, _run_schema,
+    "Print the JSON Schema of release specs, both forms (metric and statistics); shipped as "
+    "conf/release-spec.schema.json, which conf/releases/*.yaml reference with a yaml-language-server comment.",
+    "Reads no env file. Exit 0."))
+
 #: command -> its one-line description (``dp-spark --help``)
 COMMANDS: dict[str, str] = {c.name: c.help for c in REGISTRY}
 
