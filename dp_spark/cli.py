@@ -767,8 +767,12 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _parser_kwargs(c: Command) -> dict:
-    return {"description": c.description or c.help[0].upper() + c.help[1:] + ".", "epilog": c.epilog or None,
-            "formatter_class": _Formatter}
+    import textwrap
+
+    description = c.description or c.help[0].upper() + c.help[1:] + "."
+    if "\n" not in description:
+        description = textwrap.fill(description, 96)
+    return {"description": description, "epilog": c.epilog or None, "formatter_class": _Formatter}
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
