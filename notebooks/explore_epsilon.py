@@ -18,10 +18,10 @@
 # MAGIC | `budgets` | rho (zCDP spec) or epsilon (pure-DP spec) to try | `0.1,0.25,0.5,1,2` | `$DP_SPARK_BUDGETS` |
 # MAGIC | `target` | relative half-width of the interval to reach | `0.05` (+-5%) | `$DP_SPARK_TARGET` |
 # MAGIC
-# MAGIC The same as a command: `dp-spark plan --conf conf/releases/aov_by_region.yaml` (one group
-# MAGIC size) or `python jobs/explore_epsilon.py --conf conf/releases/aov_by_region.yaml
-# MAGIC --group-sizes 50,500,5000 --budgets 0.1,0.25,0.5,1,2 --target 0.05`. Charts are shown inline
-# MAGIC on Databricks and written under `<warehouse>/explorer/` when the warehouse is a file path.
+# MAGIC The same as a command: `dp-spark explore --conf conf/releases/aov_by_region.yaml
+# MAGIC --group-sizes 50,500,5000 --budgets 0.1,0.25,0.5,1,2 --target 0.05`, or `dp-spark plan` for
+# MAGIC one group size. Charts are shown inline on Databricks and written under
+# MAGIC `<warehouse>/explorer/` when the warehouse is a file path.
 
 # COMMAND ----------
 
