@@ -74,7 +74,7 @@ def test_a_month_of_the_daily_schedule_fits_the_shipped_monthly_policy(tmp_path)
             total = s.charge if total is None else total + s.charge
     assert total == ZCDP(Fraction(31 * 2, 100) + Fraction(1, 2))
     st = ledger.status("demo_events_user", now=datetime(2026, 12, 31, 23, tzinfo=timezone.utc))
-    assert st.remaining == ZCDP(2) - total
+    assert st.remaining == policy.cap - total  # rho and the delta cap (nothing here spends delta)
     # and the budget does refuse what does not fit: a 32nd day at the same charge would fit, a
     # release of the remaining budget plus one would not
     with pytest.raises(BudgetExceededError):
