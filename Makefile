@@ -60,7 +60,7 @@ $(COMPAT_JARS)/.resolved: conf/jvm/pom.xml
 test-compat: setup-compat
 	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
 	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 \
-	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider $(COMPAT_TESTS)
+	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 $(COMPAT_TESTS)
 
 print-compat-python:
 	@echo $(COMPAT_PYTHON)
