@@ -346,14 +346,15 @@ def test_statement_shows_the_budget_policy_history(published):
     from dp_spark.budget import ZCDP
 
     ledger, rows, versions = published
-    raised = dataclasses.replace(POLICY, cap=ZCDP(4))
+    raised = dataclasses.replace(POLICY, cap=ZCDP(4, POLICY.delta_cap))  # the same delta cap
     ledger.accept_policy(raised, principal="admin_carol", reason="yearly review")
     d = privacy_statement("dau_daily", [DAU], ledger, rows, versions)
     (acc,) = [a for a in d["accounting"] if a["budget_id"] == "demo_events_user"]
     hist = acc["policy_history"]
     assert [(h["version"], h["principal"], h["reason"]) for h in hist] == [
         (1, "dp_spark", "first registration of the budget"), (2, "admin_carol", "yearly review")]
-    assert hist[1]["changes"] == ['cap: {"measure":"zcdp","rho":"2"} -> {"measure":"zcdp","rho":"4"}']
+    assert hist[1]["changes"] == ['cap: {"delta":"1/1000000","measure":"zcdp","rho":"2"} -> '
+                                  '{"delta":"1/1000000","measure":"zcdp","rho":"4"}']
     md = statement_markdown(d)
     assert "Policy history of budget `demo_events_user`" in md
     assert "| 2 |" in md and "admin_carol" in md and "yearly review" in md and "cap:" in md
