@@ -83,6 +83,16 @@ class BudgetWindow:
     window_start: Optional[datetime]
     window_end: Optional[datetime]
     entries: int
+    # zcdp: the budget's statement delta, to show the spend as (epsilon, delta) too
+    statement_delta: Optional[Any] = None
+
+    def _spent_as_epsilon(self) -> str:
+        if self.measure != "zcdp" or self.statement_delta is None or self.spent.is_zero():
+            return ""
+        from dp_spark.accountant import Accountant
+
+        st = Accountant("zcdp", statement_delta=self.statement_delta).statement(self.spent)
+        return f" = epsilon {st['epsilon']:.4g} at delta {st['delta']:.3g}"
 
     def describe(self) -> str:
         if self.window_start is None:
@@ -91,7 +101,8 @@ class BudgetWindow:
             end = "now" if self.window.startswith("rolling") or self.window_end is None else \
                 self.window_end.strftime("%Y-%m-%d")
             span = f"{self.window} window {self.window_start.strftime('%Y-%m-%d')}..{end}"
-        return f"{self.remaining} of cap {self.cap} (spent {self.spent}; budget {self.budget_id}, {span})"
+        return (f"{self.remaining} of cap {self.cap} (spent {self.spent}{self._spent_as_epsilon()}; "
+                f"budget {self.budget_id}, {span})")
 
 
 @dataclass(frozen=True)
@@ -175,7 +186,8 @@ def budget_window(engine, budget_id: str) -> Optional[BudgetWindow]:
     window = policy.window.describe() if policy is not None else "unknown"
     return BudgetWindow(budget_id=st.budget_id, measure=st.measure, cap=st.cap, spent=st.spent,
                         remaining=st.remaining, window=window, window_start=st.window_start,
-                        window_end=st.window_end, entries=st.entries)
+                        window_end=st.window_end, entries=st.entries,
+                        statement_delta=None if policy is None else policy.statement_delta)
 
 
 def prior_releases(spark, path: str, dspec: ReleaseSpec, mode: str) -> list[PriorRelease]:
