@@ -323,11 +323,16 @@ def _remaining_after(env, spec, policy) -> str:
     """The budget left after this charge, from the ledger if it exists (read only)."""
     from pathlib import Path
 
+    from dp_spark.ledger.cli import _as_epsilon
+
+    def show(b) -> str:  # rho also as epsilon at the budget's statement delta (zcdp)
+        return f"{b}{_as_epsilon(b, policy)}"
+
     url = env.ledger_url
     if url.startswith("sqlite:") and not Path(url[len("sqlite:"):]).exists():
         left = policy.cap - spec.charge if spec.charge.fits_in(policy.cap) else None
-        return (f"no ledger yet ({url[len('sqlite:'):]}): the whole cap {policy.cap} remains; after this "
-                f"release: {left if left is not None else 'REFUSED (over the cap)'}")
+        return (f"no ledger yet ({url[len('sqlite:'):]}): the whole cap {show(policy.cap)} remains; after this "
+                f"release: {show(left) if left is not None else 'REFUSED (over the cap)'}")
     from dp_spark.ledger import open_ledger
 
     try:
@@ -335,8 +340,8 @@ def _remaining_after(env, spec, policy) -> str:
     except DpSparkError as exc:
         return f"budget status unavailable ({type(exc).__name__}: {exc})"
     after = st.remaining - spec.charge if spec.charge.fits_in(st.remaining) else None
-    return (f"remaining now {st.remaining} (window {st.window_start or '-'} .. {st.window_end or '-'}); "
-            f"after this release: {after if after is not None else 'REFUSED (does not fit)'}")
+    return (f"remaining now {show(st.remaining)} (window {st.window_start or '-'} .. {st.window_end or '-'}); "
+            f"after this release: {show(after) if after is not None else 'REFUSED (does not fit)'}")
 
 
 def plan_main(argv: Optional[Sequence[str]] = None) -> int:
