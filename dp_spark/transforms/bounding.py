@@ -22,6 +22,34 @@ The usual pipeline, each step stating its schema::
     clamp_to_fixed_point(.., value_col=v, lower, upper, frac_bits, out_col=f)
                                          # + f: long, round(clamp(v) * 2^frac_bits)
 
+Bounding plan (general case: L0 > 1, Linf < K), measured with ``benchmarks/bounding.py``
+on 2M demo rows (200k users, users in several regions, L0 = 3, Linf = 2, K = 5; local[2] on
+a 2-core machine shared with other jobs, load average 14-20, 5 interleaved repetitions; every
+candidate keeps the same 434,775 rows, same checksum):
+
+=============================  ==========  =====================================
+plan                           median      vs three windows (paired median)
+=============================  ==========  =====================================
+three windows (kept)           31.1 s      1.00 (4 sorts: 1 map-side, 3 after the shuffle)
+one sort (L0 + cell rank)      51.7 s      1.20, slower in 4 of 5 pairs (2 sorts)
+one sort, running frames       --          1.07 (3-repetition run; 2 sorts)
+shuffle by unit, no sort       11.9 s      0.35 (the floor: read, hash, shuffle)
+=============================  ==========  =====================================
+
+The single-sort plans compute the L0 rank and the rank in the cell over ONE sort by (unit,
+partition priority, partition, row priority) -- ``dense_rank`` and ``rank`` of the partition
+prefix beside ``row_number`` of the whole order -- and need a second sort only for K. They
+lose the partial top-L0 that Spark runs before the shuffle for the first window, and their
+longer sort keys and extra window operators over every row cost more than the sorts they
+save; on this machine they were not faster, so the three windows stay (one shuffle by the
+unit). What changed: a window whose limit cannot bind is skipped (Linf >= K: no Linf window;
+K >= L0 * Linf: no K window, as before), and without L0 the cell limit no longer shuffles by
+(unit, partition) before the K window shuffles by the unit again (one shuffle, the rank in the
+cell from ``row_number() - rank()`` over one sort). A per-unit aggregate with bounded
+collections needs a top-k aggregate Spark SQL does not have (``collect_list`` is unbounded in
+a unit's rows), so it was not pursued. ``tests/spark/test_transforms.py`` checks the kept
+rows against a plain-Python reference on random data (L0 > 1, Linf < K, nulls, duplicates).
+
 Policies (one place, every code path):
 
 * null privacy-unit ids: rows dropped (:func:`drop_null_units`);
@@ -403,9 +431,14 @@ def bound_contributions(
     the first one runs partially before the shuffle, so a unit with 10^6 rows ships only the
     rows of its locally top-L0 partitions (the optimiser does this for limits up to
     ``spark.sql.optimizer.windowGroupLimitThreshold``, 1000 by default; above that the result
-    is the same, only slower). All three windows share one shuffle (hash of the unit); a unit
-    with very many rows in a *single* partition key is reduced only after that shuffle (one
-    task sorts them, spilling if needed).
+    is the same, only slower). All windows share one shuffle (hash of the unit); a window
+    whose limit cannot bind is not computed: no Linf window when Linf >= K (the unit's K first
+    rows hold at most K of any cell), no K window when K >= L0 * Linf. Without L0, the cell
+    limit is computed over one sort by (unit, partition, row priority) with windows partitioned
+    by the unit alone (``row_number() - rank()`` of the partition prefix), so the K window
+    needs no second shuffle. Why three windows and not one sort for everything: see the module
+    docstring, "Bounding plan" (measured). A unit with very many rows in a *single* partition
+    key is reduced only after the shuffle (one task sorts them, spilling if needed).
 
     With ``partition_col=None`` there is one partition per unit: L0 is irrelevant and the unit
     keeps ``min(K, Linf)`` rows (whichever are given). A bound given as None is not enforced;
@@ -501,6 +534,10 @@ def bound_contributions(
             part.eqNullSafe(F.col("__dp_first_part"))
         )
         return out.select(*[_col(c) for c in original])
+    # Linf >= K: the K limit alone keeps the same rows (a unit's K first rows include at most
+    # K of any cell), so the cell window is skipped (one sort less)
+    cell_limit = linf is not None and (k is None or linf < k)
+    max_left = None
     if l0 is not None:
         part_prio = "__dp_part_prio"
         # schema: + __dp_part_prio: long
@@ -512,13 +549,27 @@ def bound_contributions(
         out = out.withColumn("__dp_rank_part", F.dense_rank().over(w0)).where(
             F.col("__dp_rank_part") <= l0
         )
-    if linf is not None:
-        w1 = Window.partitionBy(unit, part).orderBy(*row_order)
-        # schema: + __dp_rank_cell: int; at most Linf rows per (unit, partition)
-        out = out.withColumn("__dp_rank_cell", F.row_number().over(w1)).where(
-            F.col("__dp_rank_cell") <= linf
-        )
-    max_left = None if (l0 is None or linf is None) else l0 * linf
+        if cell_limit:
+            # partitioned by (unit, partition): hash partitioning by the unit satisfies it, so
+            # this window shares the first one's shuffle
+            w1 = Window.partitionBy(unit, part).orderBy(*row_order)
+            # schema: + __dp_rank_cell: int; at most Linf rows per (unit, partition)
+            out = out.withColumn("__dp_rank_cell", F.row_number().over(w1)).where(
+                F.col("__dp_rank_cell") <= linf
+            )
+            max_left = l0 * linf
+    elif cell_limit:
+        # No L0 (then K is given): a window partitioned by (unit, partition) at the bottom would
+        # shuffle by both and the K window again by the unit. Instead, windows partitioned by
+        # the unit alone, over ONE sort by (unit, partition, row priority, row): the row's rank
+        # in its cell is row_number() - rank() of the partition prefix + 1 (the prefix window
+        # needs no sort of its own).
+        w_part = Window.partitionBy(unit).orderBy(part.asc_nulls_first())
+        w_rows = Window.partitionBy(unit).orderBy(part.asc_nulls_first(), *row_order)
+        # schema: + __dp_row_in_unit: int, __dp_first_row: int; at most Linf rows per cell
+        out = out.withColumn("__dp_row_in_unit", F.row_number().over(w_rows)).withColumn(
+            "__dp_first_row", F.rank().over(w_part)
+        ).where(F.col("__dp_row_in_unit") - F.col("__dp_first_row") < linf)
     if k is not None and (max_left is None or k < max_left):
         w2 = Window.partitionBy(unit).orderBy(*row_order)
         # schema: + __dp_rank_unit: int; at most K rows per unit

@@ -361,6 +361,78 @@ def test_one_partition_per_unit_selects_what_the_three_windows_define(spark, lin
     assert len(per_unit) == 32
 
 
+def _reference_bounding(rows, *, l0, linf, k):
+    """L0 -> Linf -> K bounding written out in plain Python over collected rows ``(unit,
+    partition, value, row priority, partition priority)``: the definition the Spark plan must
+    match row for row (priorities are the keyed hashes of the docstring, computed by Spark)."""
+    from collections import defaultdict
+
+    def nf(x):  # ascending, nulls first (the tie-break order of bound_contributions)
+        return (x is not None, x if x is not None else 0)
+
+    def row_key(r):
+        return (r[3], nf(r[0]), nf(r[1]), nf(r[2]))
+
+    by_unit = defaultdict(list)
+    for r in rows:
+        by_unit[r[0]].append(r)
+    kept = []
+    for unit_rows in by_unit.values():
+        if l0 is not None:
+            parts = sorted({(r[4], nf(r[1])) for r in unit_rows})[:l0]
+            unit_rows = [r for r in unit_rows if (r[4], nf(r[1])) in set(parts)]
+        if linf is not None:
+            cells = defaultdict(list)
+            for r in unit_rows:
+                cells[nf(r[1])].append(r)
+            unit_rows = [r for c in cells.values() for r in sorted(c, key=row_key)[:linf]]
+        if k is not None:
+            unit_rows = sorted(unit_rows, key=row_key)[:k]
+        kept.extend(r[:3] for r in unit_rows)
+    return Counter(kept)
+
+
+@pytest.mark.parametrize("l0,linf,k", [(2, 2, 3), (3, 1, 2), (3, 2, 5), (4, 3, 100), (2, 3, None), (None, 2, 5),
+                                       (5, 1, 4), (2, 4, 3)])
+def test_general_bounding_keeps_the_rows_of_a_plain_reference(spark, l0, linf, k):
+    # random units with many partitions and rows, null partitions, a null unit, exact duplicates
+    import random
+
+    rng = random.Random(20261204 + (l0 or 0) * 100 + linf * 10 + (k or 0))
+    rows = []
+    for u in range(60):
+        unit = None if u == 0 else f"u{u:03d}"
+        for _ in range(rng.choice([1, 3, 8, 25, 60])):
+            part = None if rng.random() < 0.05 else rng.randrange(12)
+            value = float(rng.randrange(6))  # few values: byte-identical rows are common
+            rows.append((unit, part, value))
+    df = spark.createDataFrame(rows, "unit string, part int, value double").repartition(7)
+    got = bound_contributions(df, unit_col="unit", partition_col="part", max_partitions_per_unit=l0,
+                              max_rows_per_partition=linf, max_rows_per_unit=k, salt=SALT)
+    prio = df.select("unit", "part", "value",
+                     F.xxhash64(F.lit(SALT), F.lit("row"), "unit", "part", "value").alias("rp"),
+                     F.xxhash64(F.lit(SALT), F.lit("partition"), "unit", "part").alias("pp"))
+    want = _reference_bounding([tuple(r) for r in prio.collect()], l0=l0, linf=linf, k=k)
+    assert Counter(tuple(r) for r in got.collect()) == want
+    assert sum(want.values()) < len(rows)  # the bounds bind
+
+
+@pytest.mark.parametrize("l0,linf,k,sorts", [(3, 2, 5, 3), (3, 2, 6, 2), (3, 5, 5, 2), (3, 5, None, 2),
+                                             (None, 2, 5, 2), (3, None, 5, 2), (None, 5, 5, 1)])
+def test_general_bounding_is_one_shuffle_and_a_sort_per_limit_that_binds(spark, l0, linf, k, sorts):
+    # one shuffle by the unit; a window (a sort after the shuffle) only for a limit that can
+    # bind: no Linf window when Linf >= K, no K window when K >= L0 * Linf; without L0 the
+    # cell limit and K still share the shuffle by the unit
+    df = _grid(spark, units=5, days=4, rows_per_cell=3)
+    plan = _explain(bound_contributions(df, unit_col="unit", partition_col="day", max_partitions_per_unit=l0,
+                                        max_rows_per_partition=linf, max_rows_per_unit=k, salt=SALT))
+    lines = plan.splitlines()
+    exchange = [i for i, line in enumerate(lines) if "Exchange hashpartitioning" in line]
+    after_shuffle = [i for i, line in enumerate(lines) if "Sort [" in line and i < exchange[0]]
+    assert len(exchange) == 1, "one shuffle, by the unit"
+    assert len(after_shuffle) == sorts
+
+
 def test_one_partition_per_unit_is_one_sort_after_the_shuffle(spark):
     df = _grid(spark, units=5, days=3, rows_per_cell=2)
     plan = _explain(bound_contributions(df, unit_col="unit", partition_col="day", max_partitions_per_unit=1,
