@@ -58,6 +58,9 @@ $(COMPAT_JARS)/.resolved: conf/jvm/pom.xml
 # Unit and Spark tests (not the statistical / e2e / deploy ones) on the compat environment.
 # Under CI=true a missing pyenv Python or registry is a failure, never a skip.
 test-compat: setup-compat
+	$(COMPAT_PY) -c "import sys, pyspark, importlib.metadata as m; \
+	    v = (sys.version.split()[0], pyspark.__version__, m.version('delta-spark')); print('compat:', v); \
+	    assert v[0].startswith('3.12.') and v[1].startswith('4.0.') and v[2].startswith('4.0.'), v"
 	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
 	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 \
 	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 $(COMPAT_TESTS)
