@@ -39,12 +39,22 @@ import yaml
 
 from dp_spark.errors import ConfigError
 
-__all__ = ["release", "dates", "ReleaseBuilder", "plan_table"]
+__all__ = ["release", "dates", "private", "ReleaseBuilder", "plan_table"]
 
 
 def dates(start: Union[str, date], end: Union[str, date]) -> dict[str, Any]:
     """A public date key set from ``start`` to ``end`` (inclusive)."""
     return {"dates": {"start": str(start), "end": str(end)}}
+
+
+def private(max_keys: int, *, share: Optional[float] = None) -> dict[str, Any]:
+    """Keys of a group-by column found privately from the data (at most ``max_keys`` values
+    published; ``share`` of the charge spent on selecting them, 1/4 by default): the release
+    then spends delta too (``charge(..., delta=...)``). ``by(region=private(500))``."""
+    pk: dict[str, Any] = {"max_keys": max_keys}
+    if share is not None:
+        pk["share"] = share
+    return {"private_keys": pk}
 
 
 def release(name: str) -> "ReleaseBuilder":
@@ -53,11 +63,15 @@ def release(name: str) -> "ReleaseBuilder":
 
 
 def _keys(value: Any) -> dict[str, Any]:
+    """A group_by entry's key part: {"public_keys": ...} or {"private_keys": ...}."""
+    if isinstance(value, dict) and set(value) == {"private_keys"}:
+        return copy.deepcopy(value)
     if isinstance(value, dict) and set(value) <= {"values", "dates"}:
-        return value
+        return {"public_keys": value}
     if isinstance(value, (list, tuple)):
-        return {"values": list(value)}
-    raise ConfigError("public keys are a list of values or dp_spark.api.dates(start, end)")
+        return {"public_keys": {"values": list(value)}}
+    raise ConfigError("group-by keys are a list of values, dp_spark.api.dates(start, end) or "
+                      "dp_spark.api.private(max_keys)")
 
 
 class ReleaseBuilder:
@@ -93,9 +107,10 @@ class ReleaseBuilder:
         """Group-by columns, in order; every column needs its public keys, given here as a
         keyword (``region=[...]``, ``day=dates(a, b)``) or by :meth:`keys`."""
         order = list(columns) + [c for c in public_keys if c not in columns]
-        known = {g["column"]: g.get("public_keys") for g in self._data.get("group_by", [])}
+        known = {g["column"]: {k: v for k, v in g.items() if k != "column"}
+                 for g in self._data.get("group_by", [])}
         known.update({c: _keys(v) for c, v in public_keys.items()})
-        return self._with(group_by=[{"column": c, "public_keys": known.get(c)} for c in order])
+        return self._with(group_by=[{"column": c, **known.get(c, {"public_keys": None})} for c in order])
 
     def keys(self, **public_keys: Any) -> "ReleaseBuilder":
         """Public keys of group-by columns already named in :meth:`by`."""
@@ -104,7 +119,10 @@ class ReleaseBuilder:
         for c, v in public_keys.items():
             if c not in names:
                 raise ConfigError(f"keys(): '{c}' is not a group-by column (call by() first)")
-            gb[names.index(c)]["public_keys"] = _keys(v)
+            entry = gb[names.index(c)]
+            entry.pop("public_keys", None)
+            entry.pop("private_keys", None)
+            entry.update(_keys(v))
         return self._with(group_by=gb)
 
     def where(self, predicate: str) -> "ReleaseBuilder":
@@ -155,15 +173,18 @@ class ReleaseBuilder:
         return self.statistic(name, "quantile", column=column, q=q, lower=lower, upper=upper, **opts)
 
     # -- the charge ------------------------------------------------------------------------
-    def charge(self, *, rho=None, epsilon=None, budget: Optional[str] = None) -> "ReleaseBuilder":
+    def charge(self, *, rho=None, epsilon=None, delta=None, budget: Optional[str] = None) -> "ReleaseBuilder":
         """The release's charge: ``rho`` (zCDP, discrete Gaussian) or ``epsilon`` (pure DP,
-        discrete Laplace), against ``budget``. Without ``budget``, :meth:`publish` and
-        :meth:`for_policies` take the one budget policy that governs the dataset in that
-        measure (and refuse when there is none or more than one)."""
+        discrete Laplace), against ``budget``; ``delta`` only for a release with private keys
+        (:func:`private`). Without ``budget``, :meth:`publish` and :meth:`for_policies` take the
+        one budget policy that governs the dataset in that measure (and refuse when there is
+        none or more than one)."""
         if (rho is None) == (epsilon is None):
             raise ConfigError("charge(): give exactly one of rho (zcdp) or epsilon (pure_dp)")
         b = {"id": budget, "measure": "zcdp", "rho": rho} if rho is not None else \
             {"id": budget, "measure": "pure_dp", "epsilon": epsilon}
+        if delta is not None:
+            b["delta"] = delta
         return self._with(budget=b)
 
     # -- the spec --------------------------------------------------------------------------
@@ -199,9 +220,9 @@ class ReleaseBuilder:
         from dp_spark.config import release_spec_from_dict
 
         for g in self._data.get("group_by", []):
-            if g.get("public_keys") is None:
-                raise ConfigError(f"{source}: group-by column '{g['column']}' has no public keys: "
-                                  "give them in by(...) or keys(...)")
+            if g.get("public_keys") is None and g.get("private_keys") is None:
+                raise ConfigError(f"{source}: group-by column '{g['column']}' has no keys: give "
+                                  "them in by(...) or keys(...), or private(max_keys) to find them privately")
         return release_spec_from_dict(self.to_dict(), source=source)
 
     def plan(self, *, group_size: Optional[int] = None, budget_policy=None):
@@ -265,6 +286,23 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
     acc = Accountant(measure, statement_delta=delta) if delta is not None else None
     statement = acc.statement(spec.charge) if acc is not None else None
     rows = []
+    rest = 1 - spec.selection_share if qp.selection is not None else Fraction(1)
+    if qp.selection is not None:
+        sel = qp.selection
+        # private key selection: which keys get published, and how many units they need
+        rows.append({
+            "statistic": "key_selection", "kind": "private_keys", "components": list(sel.columns),
+            "share_of_charge": [str(spec.selection_share)], "mechanism": "discrete_laplace (thresholded)",
+            "sensitivity_l1": [str(sel.sensitivity)], "sensitivity_l2": [None],
+            "noise_scale": [float(sel.scale)], "epsilon_selection": float(sel.epsilon),
+            "delta_selection": float(sel.delta), "threshold_units": sel.threshold,
+            "units_for_even_odds": sel.count_for(0.5), "units_for_95_percent": sel.count_for(0.95),
+            "max_keys": list(sel.max_keys),
+            "group_size": None, "expected_abs_error": None, "interval_half_width": None,
+            "cells": spec.cells, "charge": spec.charge.to_json(),
+            "epsilon": None if statement is None else statement.get("epsilon"),
+            "delta": None if statement is None else statement.get("delta"),
+        })
     for stat, comps in zip(spec.statistics, qp.stat_components):
         n = group_size or stat.option("assumed_group_size", 100)
         noisy: dict = {}
@@ -287,7 +325,7 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
         rows.append({
             "statistic": stat.name, "kind": stat.kind,
             "components": [c.name for c in comps],
-            "share_of_charge": [str(qp.fractions[qp.components.index(c)]) for c in comps],
+            "share_of_charge": [str(qp.fractions[qp.components.index(c)] * rest) for c in comps],
             "mechanism": plans[comps[0]].mechanism,
             "sensitivity_l1": [str(plans[c].sensitivity.l1) for c in comps],
             "sensitivity_l2": [plans[c].sensitivity.l2 for c in comps],

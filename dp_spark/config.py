@@ -152,6 +152,27 @@ class PublicKeys:
 
 
 @dataclass(frozen=True)
+class PrivateKeys:
+    """A group-by column whose keys are NOT declared: they are selected privately from the
+    bounded data (``group_by: [{column: region, private_keys: {max_keys: 500}}]``).
+
+    ``max_keys``: at most this many values of the column are published (the selected keys
+    with the largest noisy counts). ``share``: the fraction of the release's charge spent on
+    selecting the keys (default :data:`DEFAULT_SELECTION_SHARE`); the statistics share the rest.
+    Several private columns are selected jointly, as tuples (see
+    :mod:`dp_spark.statistics.selection`)."""
+
+    column: str
+    max_keys: int
+    share: Optional[Fraction] = None
+    kind: str = "private"
+
+
+#: the fraction of a release's charge that private key selection takes unless ``share`` says
+DEFAULT_SELECTION_SHARE = Fraction(1, 4)
+
+
+@dataclass(frozen=True)
 class ValueSpec:
     column: str
     lower: Fraction  # enforced (grid-aligned) bounds
@@ -201,7 +222,9 @@ class ReleaseSpec:
     source: str = field(default="<dict>", compare=False)
     # the multi-statistic form (``statistics:``); empty for a single-``metric`` spec
     statistics: tuple[StatisticSpec, ...] = ()
-    key_sets: tuple[PublicKeys, ...] = ()  # one per group-by column; cells = cross product
+    # one per group-by column, as declared: PublicKeys, or PrivateKeys (selected privately);
+    # cells = the cross product of the public key sets x the selected private key tuples
+    key_sets: tuple[Any, ...] = ()
     where: Optional[str] = None
 
     # -- identity ------------------------------------------------------------------------
@@ -217,7 +240,7 @@ class ReleaseSpec:
                 "unit": {"kind": self.unit.kind.value, "column": self.unit.column},
                 "neighbouring": self.neighbouring.value,
                 "where": self.where,
-                "group_by": [{"column": k.column, "kind": k.kind, "keys": list(k.values)} for k in self.key_sets],
+                "group_by": [_key_set_canonical(k) for k in self.key_sets],
                 "statistics": [s.canonical() for s in self.statistics],
                 "bounds": bounds_to_json(self.bounds),
                 "budget_id": self.budget_id,
@@ -258,18 +281,48 @@ class ReleaseSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
+    def public_key_sets(self) -> tuple[PublicKeys, ...]:
+        return tuple(k for k in self.key_sets if isinstance(k, PublicKeys))
+
+    @property
+    def private_key_sets(self) -> tuple[PrivateKeys, ...]:
+        return tuple(k for k in self.key_sets if isinstance(k, PrivateKeys))
+
+    @property
+    def max_private_tuples(self) -> int:
+        """At most this many private key tuples are selected (1 without private keys): the
+        product of the private columns' ``max_keys``."""
+        n = 1
+        for k in self.private_key_sets:
+            n *= k.max_keys
+        return n
+
+    @property
+    def selection_share(self) -> Optional[Fraction]:
+        """The fraction of the charge spent on private key selection (None without)."""
+        if not self.private_key_sets:
+            return None
+        shares = {k.share for k in self.private_key_sets if k.share is not None}
+        return shares.pop() if shares else DEFAULT_SELECTION_SHARE
+
+    @property
     def cells(self) -> int:
-        """The number of key tuples (cells per statistic)."""
+        """The number of key tuples (cells per statistic); with private keys, the most there
+        can be (public key tuples x the most private key tuples selected)."""
         if self.statistics:
             n = 1
-            for k in self.key_sets:
+            for k in self.public_key_sets:
                 n *= len(k.values)
-            return n
+            return n * self.max_private_tuples
         return 1 if self.group_by is None else len(self.group_by.values)
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """The canonical ``key`` string of every cell, in order."""
+        """The canonical ``key`` string of every cell, in order (known before the data only
+        when every group-by column has public keys)."""
+        if self.private_key_sets:
+            raise ConfigError(f"{self.source}: the keys of a release with private_keys are selected "
+                              "from the data at publication; they are not known in advance")
         if self.statistics:
             from dp_spark.statistics.plan import canonical_key, key_tuples
 
@@ -282,17 +335,44 @@ class ReleaseSpec:
             return tuple(k.column for k in self.key_sets)
         return () if self.group_by is None else (self.group_by.column,)
 
-    def for_keys(self, keys: tuple[str, ...], *, name_suffix: str) -> "ReleaseSpec":
-        """The same spec restricted to a subset of its public keys (e.g. one day)."""
+    @property
+    def date_key_set(self) -> Optional[PublicKeys]:
+        """The one group-by column keyed by declared dates (None when there is none or several)."""
+        if not self.statistics:
+            return self.group_by if self.group_by is not None and self.group_by.kind == "date" else None
+        dated = [k for k in self.public_key_sets if k.kind == "date"]
+        return dated[0] if len(dated) == 1 else None
+
+    def for_keys(self, keys: tuple[str, ...], *, name_suffix: str, column: Optional[str] = None) -> "ReleaseSpec":
+        """The same spec restricted to a subset of its public keys (e.g. one day). A
+        multi-statistic spec restricts ``column`` (default: its one date-keyed column); its
+        other key columns, public or private, are unchanged."""
         if self.statistics:
-            raise ConfigError(f"{self.source}: restricting a multi-statistic release to some keys "
-                              "is not supported yet; publish the whole release")
+            target = column or (self.date_key_set.column if self.date_key_set is not None else None)
+            idx = [i for i, k in enumerate(self.key_sets) if isinstance(k, PublicKeys) and k.column == target]
+            if target is None or len(idx) != 1:
+                raise ConfigError(f"{self.source}: name the public key column to restrict (a multi-statistic "
+                                  "release restricts one column: by default its one date-keyed column)")
+            key_sets = list(self.key_sets)
+            key_sets[idx[0]] = key_sets[idx[0]].restricted_to(keys)
+            out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
+            if len(key_sets) == 1:
+                out = replace(out, group_by=key_sets[0])
+            l0 = min(self.bounds.max_partitions_per_unit, out.cells)
+            return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))
         if self.group_by is None:
             raise ConfigError(f"{self.source}: this release has no group_by to restrict")
         gb = self.group_by.restricted_to(keys)
         l0 = min(self.bounds.max_partitions_per_unit, len(keys))
         bounds = replace(self.bounds, max_partitions_per_unit=l0)
         return replace(self, group_by=gb, bounds=bounds, name=f"{self.name}{name_suffix}")
+
+
+def _key_set_canonical(k: Any) -> dict[str, Any]:
+    if isinstance(k, PrivateKeys):
+        return {"column": k.column, "kind": "private", "max_keys": k.max_keys,
+                "share": None if k.share is None else str(k.share)}
+    return {"column": k.column, "kind": k.kind, "keys": list(k.values)}
 
 
 def bounds_to_json(b: ContributionBounds) -> dict[str, Any]:
@@ -331,10 +411,38 @@ def _date_bound(value: Any, source: str, field_name: str, run_date: Optional[dat
         raise _err(source, field_name, "must be an ISO date, 'today' or 'yesterday'") from None
 
 
-def _public_keys(raw: Any, source: str, p: str = "group_by", run_date: Optional[date] = None) -> PublicKeys:
+def _private_keys(gb: Mapping[str, Any], column: str, source: str, p: str) -> PrivateKeys:
+    pk = _mapping(gb["private_keys"], source, f"{p}.private_keys")
+    _check_keys(pk, {"max_keys", "share"}, source, f"{p}.private_keys.")
+    max_keys = _int(_require(pk, "max_keys", source, f"{p}.private_keys."), source,
+                    f"{p}.private_keys.max_keys")
+    share = None
+    if pk.get("share") is not None:
+        try:
+            share = to_fraction(pk["share"], f"{p}.private_keys.share")
+        except DpSparkError as exc:
+            raise _err(source, f"{p}.private_keys.share", str(exc)) from None
+        if not 0 < share < 1:
+            raise _err(source, f"{p}.private_keys.share", "must be in (0, 1): the fraction of the "
+                       "release's charge spent on selecting the keys")
+    return PrivateKeys(column=column, max_keys=max_keys, share=share)
+
+
+def _public_keys(raw: Any, source: str, p: str = "group_by", run_date: Optional[date] = None,
+                 *, allow_private: bool = False) -> Any:
     gb = _mapping(raw, source, p)
-    _check_keys(gb, {"column", "public_keys"}, source, f"{p}.")
+    if "private_keys" in gb and not allow_private:
+        raise _err(source, f"{p}.private_keys", "keys found privately need the multi-statistic form "
+                   "(a 'statistics' list and a 'group_by' list); see docs/config.md")
+    _check_keys(gb, {"column", "public_keys", "private_keys"} if allow_private else {"column", "public_keys"},
+                source, f"{p}.")
     column = _column(_require(gb, "column", source, f"{p}."), source, f"{p}.column")
+    if allow_private:
+        if ("public_keys" in gb) == ("private_keys" in gb):
+            raise _err(source, p, "give exactly one of 'public_keys' (the keys, listed) or "
+                       "'private_keys' (keys selected from the data with differential privacy)")
+        if "private_keys" in gb:
+            return _private_keys(gb, column, source, p)
     pk = _mapping(_require(gb, "public_keys", source, f"{p}."), source, f"{p}.public_keys")
     _check_keys(pk, {"values", "dates"}, source, f"{p}.public_keys.")
     if ("values" in pk) == ("dates" in pk):
@@ -425,7 +533,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
 
     multi = data.get("statistics") is not None
     statistics: tuple[StatisticSpec, ...] = ()
-    key_sets: tuple[PublicKeys, ...] = ()
+    key_sets: tuple[Any, ...] = ()
     if multi:
         for f in ("metric", "value", "mean"):
             if data.get(f) is not None:
@@ -435,7 +543,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
             raise _err(source, "min_group_size", "is not supported on multi-statistic releases yet")
         metric = None
         key_sets = _key_sets(data.get("group_by"), source, run_date)
-        group_by = key_sets[0] if len(key_sets) == 1 else None
+        group_by = key_sets[0] if len(key_sets) == 1 and isinstance(key_sets[0], PublicKeys) else None
         statistics = _statistics(data["statistics"], source)
     else:
         metric = _require(data, "metric", source)
@@ -448,8 +556,8 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
         raise _err(source, "max_cells", f"must be <= {HARD_MAX_CELLS}")
     if multi:
         n_cells = len(statistics)
-        for k in key_sets:
-            n_cells *= len(k.values)
+        for k in key_sets:  # private key columns count as their most selected keys
+            n_cells *= k.max_keys if isinstance(k, PrivateKeys) else len(k.values)
     else:
         n_cells = 1 if group_by is None else len(group_by.values)
     if n_cells > max_cells:
@@ -556,6 +664,16 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
     elif fallback is not None:
         raise _err(source, "on_exhausted.fallback", "only 'degrade' takes a fallback")
 
+    private = [k for k in key_sets if isinstance(k, PrivateKeys)]
+    spends_delta = getattr(charge, "delta", 0) > 0
+    if private and not spends_delta:
+        raise _err(source, "budget.delta",
+                   "a release with private_keys spends delta (the probability that a key created by one "
+                   "unit alone is published): declare it beside rho or epsilon, e.g. budget: {id: ..., "
+                   "measure: zcdp, rho: 0.5, delta: 1e-8} (a zcdp charge given as {epsilon, delta} "
+                   "converts rho and cannot carry it)")
+    if spends_delta and not private:
+        raise _err(source, "budget.delta", "only a release with private_keys spends delta; drop it")
     needed = [unit.column]
     if multi:
         needed.extend(k.column for k in key_sets)
@@ -602,10 +720,15 @@ def _key_sets(raw: Any, source: str, run_date: Optional[date] = None) -> tuple[P
     entries = raw if isinstance(raw, list) else [raw]
     if not entries:
         raise _err(source, "group_by", "must list at least one column (or be left out)")
-    out = [_public_keys(e, source, f"group_by[{i}]", run_date) for i, e in enumerate(entries)]
+    out = [_public_keys(e, source, f"group_by[{i}]", run_date, allow_private=True)
+           for i, e in enumerate(entries)]
     cols = [k.column for k in out]
     if len(set(cols)) != len(cols):
         raise _err(source, "group_by", "a key column is listed twice")
+    shares = {k.share for k in out if isinstance(k, PrivateKeys) and k.share is not None}
+    if len(shares) > 1:
+        raise _err(source, "group_by", "private key columns are selected jointly with one share of "
+                   "the charge: give 'share' once, or the same value on each")
     return tuple(out)
 
 

@@ -537,7 +537,7 @@ class Engine:
         plan = plan_for(spec)  # every privacy parameter, before data is touched
         charge = spec.charge
         acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
-        cost = acc.compose([s.event for s in plan.statistics])
+        cost = acc.cost(plan.event)  # every event: the statistics' and a private key selection's
         if not cost.fits_in(charge):  # calibration rounds scales up, so the cost never exceeds the charge
             raise DpSparkError("internal: planned cost exceeds the declared charge")
         if not policy.within_release_limit(charge):
@@ -653,7 +653,10 @@ class Engine:
 
         with alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}"), \
                 _stage(self.spark, "bounding+aggregation", release_id):
-            if spec.statistics:
+            tuples = None
+            if spec.private_key_sets:  # the selected cells come back with their partials
+                partials, tuples = collect_query_partials(partials_df, plan)
+            elif spec.statistics:
                 partials = collect_query_partials(partials_df, plan)
             else:
                 partials = collect_partials(
@@ -663,7 +666,7 @@ class Engine:
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
             components: dict[str, Any] = {}
-            cells = (plan.noise(partials, self.source) if spec.statistics
+            cells = (plan.noise(partials, self.source, tuples) if spec.statistics
                      else noise_cells(plan, partials, self.source, components))
         suppressed: list[str] = []
         if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)

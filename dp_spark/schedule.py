@@ -164,16 +164,17 @@ def day_spec(spec: ReleaseSpec, day: date) -> ReleaseSpec:
     Raises ConfigError when the spec is not keyed by declared dates or the day is not one of
     them (before any data is read).
     """
-    if spec.group_by is None or spec.group_by.kind != "date":
+    dated = spec.date_key_set
+    if dated is None:
         raise ConfigError(f"{spec.source}: a daily refresh needs a release grouped by declared dates "
-                          "(group_by.public_keys.dates)")
+                          "(one group-by column with public_keys.dates)")
     if not isinstance(day, date) or isinstance(day, datetime):
         raise ConfigError("the day to refresh must be a date")
     iso = day.isoformat()
-    if iso not in spec.group_by.values:
+    if iso not in dated.values:
         raise ConfigError(f"{spec.source}: {iso} is outside the declared dates "
-                          f"{spec.group_by.values[0]}..{spec.group_by.values[-1]}")
-    return spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}")
+                          f"{dated.values[0]}..{dated.values[-1]}")
+    return spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
 
 
 def budget_window(engine, budget_id: str) -> Optional[BudgetWindow]:

@@ -43,6 +43,7 @@ from dp_spark.transforms.bounding import (
 from dp_spark.units import Neighbouring
 
 CELL = "dp_cell"
+PUB, PRIV, SEL = "p", "k", "dp_sel"  # the cell struct's fields with private keys; the noisy count
 
 
 def _free_name(name: str, taken) -> str:
@@ -75,11 +76,19 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     for v in value_cols:
         df = apply_value_policy(df, value_col=v)
     cell = F.lit(0).cast(T.LongType())
-    for ks in spec.key_sets:
+    for ks in spec.public_key_sets:
         k = _col(ks.column).cast(T.StringType())
         idx = F.array_position(F.array(*[F.lit(x) for x in ks.values]), k)  # 1-based, 0 when absent
         df = df.where(k.isNotNull() & (idx > 0))
         cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + (idx - 1).cast(T.LongType())
+    private = spec.private_key_sets
+    if private:
+        # keys found privately: the cell is (public tuple index, private key values); rows
+        # with a null private key are dropped (a null is not a key that can be published)
+        for ks in private:
+            df = df.where(_col(ks.column).isNotNull())
+        cell = F.struct(cell.alias(PUB), *[_col(ks.column).cast(T.StringType()).alias(f"{PRIV}{j}")
+                                           for j, ks in enumerate(private)])
     cell_name = _free_name(CELL, spec.columns)
     # only what the statistics read: the unit, the key tuple's index and the value columns
     df = df.select(_col(unit), cell.alias(cell_name), *[_col(v) for v in value_cols])
@@ -88,8 +97,8 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         # per id, but an added row with an existing id could replace it (L1 = 2)
         df = keep_unique_events(df, unit_col=unit)
     b = spec.bounds
-    cells = spec.cells
-    l0 = b.max_partitions_per_unit if b.max_partitions_per_unit < cells else None
+    cells = spec.cells  # with private keys an upper bound: L0 is then always enforced
+    l0 = b.max_partitions_per_unit if (b.max_partitions_per_unit < cells or private) else None
     linf = b.max_rows_per_partition
     if linf is not None and linf >= b.max_rows_per_unit:
         linf = None  # the K window keeps fewer rows anyway
@@ -120,18 +129,66 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     # hash-partitioned by the unit after bounding, so this needs no shuffle -- then per cell,
     # summing the per-unit partials (exact longs: a unit has <= Linf' rows in a cell) and
     # counting the units (a distinct count without Spark's Expand of count(distinct)).
+    if not aggs:
+        aggs["dp_rows_"] = F.count(F.lit(1))  # distinct units only: the (cell, unit) groups
     per_unit = df.groupBy(_col(cell_name).alias(CELL), _col(unit)).agg(*[a.alias(n) for n, a in aggs.items()])
     final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
     if units:
         final.append(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
-    # schema: dp_cell: long, then one long per partial column
-    return per_unit.groupBy(CELL).agg(*final)
+    # schema: dp_cell: long (public keys only) or struct<p: long, k0: string, ...>, then one
+    # long per partial column
+    partials = per_unit.groupBy(CELL).agg(*final)
+    if not private:
+        return partials
+    return _select_private_keys(partials, per_unit, plan.selection, unit)
 
 
-def collect_query_partials(df: DataFrame, plan) -> dict[int, dict[str, int]]:
+def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: str) -> DataFrame:
+    """The partials of the cells whose private key tuple passes the noisy threshold (see
+    :mod:`dp_spark.statistics.selection`), with the tuple's noisy count (``dp_sel``) for the
+    driver's per-column limit. Same bounded data as the partials (one query: Spark reuses the
+    bounding's shuffle). The noise is drawn on the executors by OpenDP's exact sampler; the
+    noisy counts are never logged and never published."""
+    from dp_spark.statistics.selection import keep_over_threshold
+
+    names = [f"{PRIV}{j}" for j in range(len(sel.columns))]
+    scale, threshold = sel.scale, sel.threshold
+    # schema: k0.. string, unit -- one row per (private tuple, unit): each unit adds 1 to at
+    # most m tuples. Then per tuple: dp_n long, the number of distinct units.
+    pairs = per_unit.select(*[F.col(f"{CELL}.{n}").alias(n) for n in names], _col(unit)).distinct()
+    counts = pairs.groupBy(*names).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_n"))
+    out_schema = T.StructType([T.StructField(n, T.StringType(), False) for n in names]
+                              + [T.StructField(SEL, T.LongType(), False)])
+
+    def _noisy(batches):
+        import pandas as pd
+
+        for pdf in batches:
+            noisy = keep_over_threshold(pdf["dp_n"].tolist(), scale, threshold)
+            keep = [v is not None for v in noisy]
+            out = pdf.loc[keep, names].copy()
+            out[SEL] = pd.Series([v for v in noisy if v is not None], index=out.index, dtype="int64")
+            yield out
+
+    selected = (counts.mapInPandas(_noisy, out_schema)
+                .orderBy(F.col(SEL).desc(), *[F.col(n).asc() for n in names])
+                .limit(sel.max_tuples))
+    cond = [F.col(f"{CELL}.{n}") == F.col(n) for n in names]
+    # schema: dp_cell struct, partial longs..., k0.. string, dp_sel long
+    return partials.join(F.broadcast(selected), on=cond, how="inner").drop(*names)
+
+
+def collect_query_partials(df: DataFrame, plan):
     """{cell index: {partial: int}} for the cells present in the data (absent cells are zeros
-    for the noise step). At most (cells + 1) rows are collected."""
-    n = plan.spec.cells
+    for the noise step). At most (cells + 1) rows are collected.
+
+    With private keys: ``(partials, tuples)``, ``tuples`` the key tuples of the published cells
+    (in ``group_by`` order: the public key tuples x the selected private tuples) and the
+    partials indexed into it."""
+    spec = plan.spec
+    n = spec.cells
+    if spec.private_key_sets:
+        return _collect_private(df, plan)
     rows = df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)).limit(n + 1).collect()
     out: dict[int, dict[str, int]] = {}
     for r in rows:
@@ -141,3 +198,41 @@ def collect_query_partials(df: DataFrame, plan) -> dict[int, dict[str, int]]:
             raise SchemaError("partials hold more than one row for a key tuple")
         out[i] = {k: int(v or 0) for k, v in d.items()}
     return out
+
+
+def _collect_private(df: DataFrame, plan):
+    from dp_spark.config import PrivateKeys
+    from dp_spark.statistics.plan import key_tuples
+    from dp_spark.statistics.selection import limit_keys
+
+    spec, sel = plan.spec, plan.selection
+    n = spec.cells
+    rows = df.limit(n + 1).collect()
+    if len(rows) > n:
+        raise SchemaError("partials hold more rows than the release has cells")
+    by_cell: dict[tuple, dict[str, int]] = {}
+    noisy: dict[tuple, int] = {}
+    k = len(sel.columns)
+    for r in rows:
+        d = r.asDict()
+        cell = d.pop(CELL)
+        priv = tuple(cell[f"{PRIV}{j}"] for j in range(k))
+        key = (int(cell[PUB]), priv)
+        if key in by_cell:
+            raise SchemaError("partials hold more than one row for a key tuple")
+        noisy[priv] = int(d.pop(SEL))
+        by_cell[key] = {c: int(v or 0) for c, v in d.items() if c != "dp_rows_"}
+    chosen = limit_keys([(v, t) for t, v in noisy.items()], sel.max_keys, sel.max_tuples)
+    del noisy
+    public = key_tuples(spec.public_key_sets)
+    order = [isinstance(ks, PrivateKeys) for ks in spec.key_sets]
+    tuples: list[tuple[str, ...]] = []
+    partials: dict[int, dict[str, int]] = {}
+    for p_idx, pub in enumerate(public):
+        for priv in chosen:
+            pi, vi = iter(pub), iter(priv)
+            tuples.append(tuple(next(vi) if is_private else next(pi) for is_private in order))
+            got = by_cell.get((p_idx, priv))
+            if got is not None:
+                partials[len(tuples) - 1] = got
+    return partials, tuples

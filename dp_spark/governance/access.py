@@ -414,12 +414,20 @@ def _matches(spec: Any, registered: Any) -> bool:
     (``ReleaseSpec.for_keys``, used by scheduled per-day runs)."""
     if spec.version() == registered.version():
         return True
-    if registered.group_by is None or spec.group_by is None:
-        return False
     if not spec.name.startswith(registered.name) or spec.name == registered.name:
         return False
+    if getattr(spec, "statistics", ()):
+        # a multi-statistic spec restricted on its date-keyed column (a daily refresh)
+        dated, reg_dated = spec.date_key_set, registered.date_key_set
+        if dated is None or reg_dated is None or dated.column != reg_dated.column:
+            return False
+        keys, column = tuple(dated.values), dated.column
+    else:
+        if registered.group_by is None or spec.group_by is None:
+            return False
+        keys, column = tuple(spec.group_by.values), None
     try:
-        derived = registered.for_keys(tuple(spec.group_by.values), name_suffix=spec.name[len(registered.name):])
+        derived = registered.for_keys(keys, name_suffix=spec.name[len(registered.name):], column=column)
     except DpSparkError:
         return False
     return derived.version() == spec.version()

@@ -245,9 +245,26 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         # the multi-statistic form: every statistic, every key column, the public filter
         d["statistics"] = [s.canonical() for s in spec.statistics]
         d["group_by"] = [{"column": k.column, "kind": k.kind, "cells": len(k.values),
-                          "first_key": k.values[0], "last_key": k.values[-1]} for k in spec.key_sets]
+                          "first_key": k.values[0], "last_key": k.values[-1]}
+                         if k.kind != "private" else
+                         {"column": k.column, "kind": "private", "max_keys": k.max_keys}
+                         for k in spec.key_sets]
         d["where"] = spec.where
         d["key_tuples"] = spec.cells
+        if spec.private_key_sets:
+            # public parameters of the private key selection only: which keys were selected is
+            # in the release table, never how many units they have
+            from dp_spark.statistics.plan import plan_query
+
+            sel = plan_query(spec).selection
+            d["key_tuples_at_most"] = spec.cells
+            d["key_selection"] = {
+                "columns": list(sel.columns), "share_of_charge": str(spec.selection_share),
+                "epsilon": float(sel.epsilon), "delta": float(sel.delta),
+                "noise_scale": float(sel.scale), "threshold_units": sel.threshold,
+                "units_for_even_odds": sel.count_for(0.5),
+                "units_for_95_percent": sel.count_for(0.95),
+            }
     mgs = getattr(spec, "min_group_size", None)
     if mgs is not None:
         d["min_group_size"] = mgs.to_json() if hasattr(mgs, "to_json") else mgs
@@ -585,7 +602,9 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         b = q["bounds"]
         metric = q["metric"]
         if isinstance(q["group_by"], list):  # multi-statistic form: key tuples x statistics
-            cells = " x ".join(f"{g['cells']} `{g['column']}`" for g in q["group_by"]) or "1"
+            cells = " x ".join(f"{g['cells']} `{g['column']}`" if g.get("kind") != "private" else
+                               f"at most {g['max_keys']} `{g['column']}` (found privately)"
+                               for g in q["group_by"]) or "1"
             metric = ", ".join(f"{st['name']} ({st['kind']})" for st in q["statistics"])
             clamps = sorted({f"`{st['clamp']['column']}` [{st['clamp']['lower']}, {st['clamp']['upper']}]"
                              for st in q["statistics"] if st["clamp"] is not None})
@@ -602,6 +621,17 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
     add("Sensitivities are derived from these enforced bounds. Columns read: " +
         "; ".join(f"{q['name']}: {', '.join(q['columns_read'])}" for q in d["queries"]) + ".")
     add("")
+    for q in d["queries"]:
+        sel = q.get("key_selection")
+        if sel:
+            add(f"Keys of {', '.join(f'`{c}`' for c in sel['columns'])} in {q['name']} are found privately: a "
+                f"key is published when its noisy number of distinct units (discrete Laplace of scale "
+                f"{sel['noise_scale']:.4g}, epsilon {sel['epsilon']:.4g}, {sel['share_of_charge']} of the charge) "
+                f"reaches {sel['threshold_units']}; a key with {sel['units_for_even_odds']} units is published "
+                f"with even odds, with {sel['units_for_95_percent']} units 95% of the time. A key that one unit "
+                f"alone creates is published with probability at most delta = {sel['delta']:.3g}. "
+                "Unselected keys leave no trace.")
+            add("")
     add("## Mechanisms")
     add("")
     for m in d["mechanisms"]:
@@ -781,17 +811,24 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
     and rewritten. Any run versioning later reads after our write, so the last file written
     reflects every version committed before it (as long as no run dies between its
     versioning and its statement)."""
-    from dp_spark.governance.versions import history
+    from dp_spark.governance.versions import history, table_version
 
     specs = specs_for_family(releases_dir, family)
+    seen = table_version(spark, published_path)  # read before the rows: never newer than them
     pub = history(spark, published_path, family)
     for attempt in range(REBUILDS):
         if summaries is None:
             summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
         d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)
         j, m = write_statement(out_dir, d, force=force)
+        # the versions table's Delta version unchanged since before our read: nobody versioned
+        # meanwhile (any change is a new version), so no second read of the rows is needed
+        latest = None if seen is None else table_version(spark, published_path)
+        if latest is not None and latest == seen:
+            break
         again = history(spark, published_path, family)
         if again == pub:
             break
-        pub, summaries = again, None  # another run versioned meanwhile: rebuild from the new state
+        # another run versioned meanwhile: rebuild from the new state
+        pub, summaries, seen = again, None, latest
     return d, j, m

@@ -96,33 +96,61 @@ class QueryPlan:
     statistics: tuple  # StatisticPlan per component (the name the engine knows plans by)
     stat_components: tuple  # per statistic of the spec: its components
     mean_split: Optional[Fraction] = None  # single-metric releases only
+    # private key selection (dp_spark.statistics.selection.SelectionPlan), None with public keys only
+    selection: Any = None
 
     @property
     def event(self) -> ComposedEvent:
-        return ComposedEvent(children=tuple(p.event for p in self.statistics))
+        children = tuple(p.event for p in self.statistics)
+        if self.selection is not None:
+            children = (self.selection.event,) + children
+        return ComposedEvent(children=children)
+
+    @property
+    def events(self) -> tuple:
+        """Every event of the release (the selection's first), for the accountant."""
+        return self.event.children
 
     def plan_of(self, component):
         return self.statistics[self.components.index(component)]
 
     def split_json(self) -> dict[str, str]:
-        return {c.name: str(f) for c, f in zip(self.components, self.fractions)}
+        out = {c.name: str(f) for c, f in zip(self.components, self.fractions)}
+        if self.selection is not None:  # fractions above are of the statistics' part
+            out = {"key_selection": str(self.spec.selection_share),
+                   **{k: str(Fraction(v) * (1 - self.spec.selection_share)) for k, v in out.items()}}
+        return out
 
-    def noise(self, partials: Mapping[int, Mapping[str, int]], source) -> list[dict[str, Any]]:
+    def noise(self, partials: Mapping[int, Mapping[str, int]], source,
+              tuples: Optional[list] = None) -> list[dict[str, Any]]:
         """One noise vector per component over all cells (present in the data or not), then
         every statistic's post-processing per cell. ``partials``: cell index -> collected longs.
-        Returns the cells (driver memory only: never log them before the write commits)."""
+        ``tuples``: the key tuples (in ``group_by`` order) the indices refer to; by default the
+        cross product of the public key sets (a release with private keys passes the selected
+        cells). Returns the cells (driver memory only: never log them before the write commits)."""
+        from dataclasses import replace as _replace
+
         from dp_spark.mechanisms.release import add_noise
 
         spec = self.spec
-        tuples = key_tuples(spec.key_sets)
+        if tuples is None:
+            if spec.private_key_sets:
+                raise DpSparkError("internal: a release with private keys needs its selected key tuples")
+            tuples = key_tuples(spec.key_sets)
         alpha = 1 - spec.confidence
         noisy: dict = {}
         for comp, plan in zip(self.components, self.statistics):
             true: list[int] = []
             for i in range(len(tuples)):
                 true.extend(comp.true_values(partials.get(i, {})))
+            if plan.cells != len(true):
+                if not spec.private_key_sets or len(true) > plan.cells:
+                    raise DpSparkError("internal: the cells do not match the plan")
+                # the selected cells, fewer than the most the plan allowed (the privacy cost
+                # does not depend on the number of cells); no draw at all for no cell
+                plan = _replace(plan, event=_replace(plan.event, cells=max(1, len(true))))
             unit = plan.grid_unit
-            noisy[comp] = [Fraction(v) * unit for v in add_noise(plan, true, source)]
+            noisy[comp] = ([Fraction(v) * unit for v in add_noise(plan, true, source)] if true else [])
         names = [ks.column for ks in spec.key_sets]
         cells: list[dict[str, Any]] = []
         for stat, comps in zip(spec.statistics, self.stat_components):
@@ -150,7 +178,7 @@ def plan_query(spec) -> QueryPlan:
             if c not in comps:
                 comps.append(c)
     measure = spec.charge.MEASURE
-    cells = spec.cells
+    cells = spec.cells  # with private keys: the most cells there can be
     entries = cells * sum(c.width for c in comps)
     if entries > MAX_NOISY_ENTRIES:
         raise ConfigError(f"{spec.source}: {entries} noisy entries (key tuples x components, a histogram "
@@ -171,7 +199,14 @@ def plan_query(spec) -> QueryPlan:
             for c, f in _optimal(cs, co, sens, measure).items():
                 split[c] += float(w / wsum) * f
     fractions = _snap([split[c] for c in comps])
-    plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, f), cells)
+    selection = None
+    rest = Fraction(1)
+    if spec.private_key_sets:
+        from dp_spark.statistics.selection import plan_selection
+
+        rest = 1 - spec.selection_share
+        selection = plan_selection(spec, _share(spec.charge, spec.selection_share))
+    plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, f * rest), cells)
                   for c, f in zip(comps, fractions))
     return QueryPlan(spec=spec, components=tuple(comps), fractions=tuple(fractions), statistics=plans,
-                     stat_components=tuple(per_stat))
+                     stat_components=tuple(per_stat), selection=selection)

@@ -42,7 +42,7 @@ def test_builder_is_immutable_and_positional_columns_need_keys():
     b2 = b.keys(region=["a", "b"]).count("n").bounds(rows_per_unit=1).charge(epsilon=1, budget="demo_events_user_pure")
     assert b.to_dict()["group_by"][0]["public_keys"] is None
     assert b2.spec().key_sets[0].values == ("a", "b")
-    with pytest.raises(ConfigError, match="no public keys"):
+    with pytest.raises(ConfigError, match="has no keys"):
         b.count("n").bounds(rows_per_unit=1).charge(rho=1, budget="b").spec()
     with pytest.raises(ConfigError):
         b.charge(budget="b")  # neither rho nor epsilon

@@ -81,3 +81,20 @@ def test_a_month_of_the_daily_schedule_fits_the_shipped_monthly_policy(tmp_path)
         ledger.reserve("demo_events_user", "too-much", st.remaining + ZCDP(Fraction(1, 100)), "{}",
                        principal="p", code_version="t", release_family="x", owner_token="x",
                        now=datetime(2026, 12, 31, 23, tzinfo=timezone.utc))
+
+
+def test_a_multi_statistic_release_restricts_its_date_column_for_a_daily_refresh():
+    from dp_spark.governance.access import _matches
+
+    s = load_release_spec(ROOT / "conf/releases/orders_by_day_region.yaml")
+    ds = day_spec(s, date(2026, 11, 3))
+    assert ds.name == "orders_by_day_region_20261103" and ds.family == s.family
+    assert [k.values for k in ds.key_sets] == [("2026-11-03",), ("region_01", "region_02")]
+    assert ds.cells == 2 and ds.bounds.max_partitions_per_unit == 2  # L0 3 cannot exceed 2 cells
+    # official mode: the day spec is recognised as a restriction of the registered spec
+    assert _matches(ds, s)
+    other = release_spec_from_dict(dict(yaml.safe_load((ROOT / "conf/releases/orders_by_day_region.yaml")
+                                                       .read_text()), where="order_value > 1"))
+    assert not _matches(ds, other)
+    with pytest.raises(ConfigError, match="outside the declared dates"):
+        day_spec(s, date(2026, 12, 3))

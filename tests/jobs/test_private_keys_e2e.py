@@ -1,0 +1,162 @@
+"""Private key selection on Spark, end to end: keys nobody listed, found with DP, published with
+their statistics in one pass and one charge; keys that one unit alone creates do not appear
+(more often than delta allows)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import yaml
+from pyspark.sql import functions as F
+
+from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.budget import ZCDP
+from dp_spark.config import load_env, release_spec_from_dict
+from dp_spark.engine import Engine, plan_for
+from dp_spark.statistics.selection import publish_probability
+
+from .conftest import ROOT, register
+
+POLICY = {
+    "version": 1,
+    "budgets": {
+        "found_keys": {"dataset": "demo_events", "privacy_unit": "user", "measure": "zcdp",
+                       "cap": {"rho": 10}, "statement_delta": 1e-7, "delta_cap": 0.5, "window": "none"},
+    },
+}
+
+
+def _lonely_units(spark, location: str, n: int):
+    """n new units, each alone in a region of its own (rows copied from real ones)."""
+    df = spark.read.format("delta").load(location)
+    base = df.where(F.col("order_value").isNotNull()).limit(n)
+    idx = F.monotonically_increasing_id()
+    return (base.withColumn("user_id", F.concat(F.lit("lonely_u"), idx.cast("string")))
+            .withColumn("region", F.concat(F.lit("lonely_r"), idx.cast("string"))))
+
+
+def _spec_dict(delta: float, l0: int = 1):
+    return {
+        "name": "found_regions", "family": "found_regions", "dataset": "demo_events",
+        "privacy_unit": {"kind": "user", "column": "user_id"},
+        "group_by": [{"column": "region", "private_keys": {"max_keys": 1000}}],
+        "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": l0},
+        "statistics": [{"name": "users", "kind": "distinct_units"},
+                       {"name": "revenue", "kind": "sum", "column": "order_value", "lower": 0, "upper": 500}],
+        "budget": {"id": "found_keys", "measure": "zcdp", "rho": 0.5, "delta": delta},
+        "max_cells": 2000,
+    }
+
+
+def _binomial_sf(k: int, n: int, p: float) -> float:
+    total = 0.0
+    for i in range(k, n + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                          + i * math.log(p) + (n - i) * math.log1p(-p))
+    return min(1.0, total)
+
+
+def test_lone_unit_keys_are_published_at_most_at_rate_delta_and_real_regions_are(spark, warehouse):
+    """Neighbouring inputs: the demo data (D) and D plus 400 units each alone in a new region
+    (each such region is a key that exists because of one unit). Over the 400 lone keys of one
+    run the observed publication rate is at most delta (binomial test), and the demo's regions
+    with many users are published. In D no lone key can appear at all."""
+    env = load_env(warehouse)
+    loc = env.dataset_location("demo_events")
+    spec = release_spec_from_dict(_spec_dict(0.05), "found.yaml")
+    plan = plan_for(spec)
+    sel = plan.selection
+    assert sel.max_new_keys == 1
+    n_lonely = 400
+    base = spark.read.format("delta").load(loc)
+    with_lonely = base.unionByName(_lonely_units(spark, loc, n_lonely))
+    partials, tuples = collect_query_partials(build_query_partials(with_lonely, plan, "salt-1"), plan)
+    published = {t[0] for t in tuples}
+    lone = {k for k in published if k.startswith("lonely_r")}
+    assert _binomial_sf(len(lone), n_lonely, 0.05) > 1e-4, "lone-unit keys published too often"
+    # the demo regions all have hundreds of users: each is published with probability ~1
+    regions = {r["region"] for r in base.select("region").distinct().collect()}
+    assert publish_probability(100, sel.scale, sel.threshold) > 0.999999
+    assert regions <= published
+    # every published cell's partials come from the data, indices within the tuples
+    assert set(partials) <= set(range(len(tuples)))
+    # the neighbour without the lone units: none of their keys can appear
+    _, tuples_d = collect_query_partials(build_query_partials(base, plan, "salt-1"), plan)
+    assert not any(t[0].startswith("lonely_r") for t in tuples_d)
+
+
+def test_engine_publishes_found_regions_by_day_with_one_charge_and_no_trace_of_the_rest(spark, warehouse, tmp_path):
+    """The shipped spec with 'region' undeclared: day (public) x region (private), one
+    charge (rho, delta) in the ledger, the statement names the selection's parameters only."""
+    pol = ROOT / "conf/policies/budgets.yaml"
+    spec = register(warehouse, "orders_by_found_region")
+    assert spec.private_key_sets and spec.charge.delta > 0
+    env = load_env(warehouse)
+    # a lone unit in a region of its own, on a day of the release
+    loc = env.dataset_location("demo_events")
+    _lonely_units(spark, loc, 1).withColumn("day", F.lit("2026-11-02").cast("date")) \
+        .write.format("delta").mode("append").save(loc)
+    eng = Engine(env, spark=spark, principal="publisher_bob")
+    r = eng.publish(spec)
+    assert r.status == "published" and r.charge == spec.charge
+    keys = {(row["keys"]["day"], row["keys"]["region"]) for row in r.rows}
+    regions = {k[1] for k in keys}
+    assert regions and all(k.startswith("region_") for k in regions)  # the lone region: no row
+    days = {k[0] for k in keys}
+    assert len(days) == 30 and len(keys) == 30 * len(regions)  # every day shows the same regions
+    assert {row["statistic"] for row in r.rows} == {s.name for s in spec.statistics}
+    t = spark.read.format("delta").load(r.table_path)
+    assert t.where(F.col("key").contains("lonely")).count() == 0
+    entries = eng.ledger.entries(spec.budget_id)
+    assert len(entries) == 1
+    md = (env.warehouse / "statements" / f"{spec.family}.md").read_text()
+    assert "lonely" not in md
+    assert pol.exists()
+
+
+def test_mixed_public_and_private_columns_and_plan_shuffles(spark, warehouse):
+    """Two private columns are selected jointly as tuples and crossed with a public one."""
+    rows = []
+    for u in range(60):
+        rows.append((f"u{u}", "2026-11-01" if u % 2 else "2026-11-02", "north", "ios", 10.0))
+        rows.append((f"u{u}", "2026-11-01", "south", "web", 20.0))
+    rows.append(("solo", "2026-11-01", "east", "ios", 30.0))  # a tuple of one unit
+    df = spark.createDataFrame(rows, "user_id string, day string, region string, device string, v double")
+    d = {
+        "name": "t", "dataset": "d", "privacy_unit": {"kind": "user", "column": "user_id"},
+        "group_by": [{"column": "region", "private_keys": {"max_keys": 5}},
+                     {"column": "day", "public_keys": {"values": ["2026-11-01", "2026-11-02"]}},
+                     {"column": "device", "private_keys": {"max_keys": 5}}],
+        "bounds": {"max_rows_per_unit": 4, "max_partitions_per_unit": 2},
+        "statistics": [{"name": "n", "kind": "count"}],
+        "budget": {"id": "b", "measure": "zcdp", "rho": 2, "delta": 1e-6},
+    }
+    spec = release_spec_from_dict(d, "t.yaml")
+    plan = plan_for(spec)
+    partials, tuples = collect_query_partials(build_query_partials(df, plan, "salt"), plan)
+    # (north, ios) and (south, web) have 60 units each: selected; (east, ios) has one
+    assert sorted({(t[0], t[2]) for t in tuples}) == [("north", "ios"), ("south", "web")]
+    assert len(tuples) == 2 * 2 and all(t[1] in ("2026-11-01", "2026-11-02") for t in tuples)
+    got = {tuples[i]: p for i, p in partials.items()}
+    assert got[("south", "2026-11-01", "web")]["dp_rows"] == 60
+    assert got[("north", "2026-11-01", "ios")]["dp_rows"] == 30
+    assert ("south", "2026-11-02", "web") not in got  # a selected tuple's empty cell: zeros
+    cells = plan.noise(partials, _Zero(), tuples)
+    assert {c["key"] for c in cells} == {'["north","2026-11-01","ios"]', '["north","2026-11-02","ios"]',
+                                         '["south","2026-11-01","web"]', '["south","2026-11-02","web"]'}
+
+
+class _Zero:
+    def discrete_gaussian(self, sigma, n):
+        return [0] * n
+
+    def discrete_laplace(self, scale, n):
+        return [0] * n
+
+
+def test_shipped_spec_is_valid_and_its_charge_carries_delta():
+    d = yaml.safe_load((ROOT / "conf/releases/orders_by_found_region.yaml").read_text())
+    assert d["group_by"][1] == {"column": "region", "private_keys": {"max_keys": 50}}
+    spec = release_spec_from_dict(d, "shipped")
+    assert spec.charge.delta == Fraction(1, 10**8) and isinstance(spec.charge, ZCDP)
