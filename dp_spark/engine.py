@@ -544,6 +544,12 @@ class Engine:
             # a property of the spec and the policy: refused whatever is spent (the ledger's
             # reserve checks it again against the registered policy)
             raise ReleaseLimitExceededError(spec.budget_id, policy.max_per_release, None, charge)
+        if charge.delta_part > 0 and policy.measure != "approx_dp" and policy.delta_cap == 0:
+            # a budget without a delta cap can never pay a delta: refused before any data is read,
+            # naming the policy field to add (the ledger's reserve checks every delta again)
+            from dp_spark.accountant import DeltaCapExceededError
+
+            raise DeltaCapExceededError(spec.budget_id, policy.cap, type(charge).zero(), charge)
 
         location = self.env.dataset_location(spec.dataset)
         if snapshot is None:
