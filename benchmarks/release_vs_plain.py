@@ -1,7 +1,27 @@
 """Full dp_spark release vs plain Spark of the same metrics, side by side in one run.
 
-    .venv/bin/python benchmarks/release_vs_plain.py [--sizes 2000000,20000000] [--reps 3]
-        [--layout time|user] [--case aov|multi|multi_day_region]
+    .venv/bin/python benchmarks/release_vs_plain.py [--rows 2000000[,20000000]] [--reps 3]
+        [--layout time|user] [--case aov|multi|multi_day_region|general|tiny|drift] [--releases 50]
+
+``--rows`` (alias ``--sizes``): rows per dataset, comma separated; 2M by default, 20M opt-in
+(``--rows 2000000,20000000`` also prints the 20M/2M ratio).
+
+``--case tiny``: the FIXED cost of a release: ``Engine.publish`` + ``Engine.finish`` of one
+statistic (a count per region) on a 1,000-row input, warm (after one cold release in the same
+JVM, printed too), median of ``--reps``, with the time of every stage (validate, bounding +
+aggregation, noise, ledger calls, the Delta write, versions, mirror, statement). Target <= 3 s.
+
+``--case drift``: ``--releases`` (default 50) releases of the tiny input, one after the other, in
+ONE engine and process (publish + finish each); prints each release's time and the process's
+memory (Python RSS, the driver JVM's RSS and its heap after a full GC, live threads, cached RDDs), then the medians of
+the first 5 and of the last 5 and their ratio. Target: flat (last 5 / first 5 within 1.5x).
+
+``--case general``: the multi-statistic release per region with the GENERAL bounding (L0 = 3
+regions per user, Linf = 2 rows per user and region, K = 5 rows per user), against plain Spark
+enforcing the same three limits with three windows ordered by event id.
+
+Every case prints the time by stage of the dp_spark runs (median over the repetitions) and the
+peak memory of the driver: the JVM's (VmHWM, where the partials are collected) and Python's.
 
 Data: the demo generator with n/10 users and a mean of 10 rows per user (the issue's 200k users
 for 2M rows, 2M users for 20M), 20 regions, 30 days. ``--layout time`` (default) stores the
@@ -34,12 +54,18 @@ b/a <= 1.3 (ratio of the medians), 20M/2M <= 11, flat driver memory.
 from __future__ import annotations
 
 import argparse
+import gc
+import logging
 import os
+import re
 import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 
@@ -55,21 +81,131 @@ import yaml  # noqa: E402
 
 
 def _rss_mb() -> float:
+    """Peak RSS of this Python process (MB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _proc_mb(pid: int, field: str) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+class Memory:
+    """The driver's memory: the JVM (where partials are collected) and this Python process."""
+
+    def __init__(self, spark):
+        self.spark = spark
+        self.jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+
+    def now(self) -> dict[str, float]:
+        """Memory now; the JVM heap is measured after a full GC (what stays reachable: a leak
+        grows it, heap expansion and garbage do not)."""
+        self.spark._jvm.java.lang.System.gc()
+        rt = self.spark._jvm.java.lang.Runtime.getRuntime()
+        return {"py_rss": _proc_mb(os.getpid(), "VmRSS"), "jvm_rss": _proc_mb(self.jvm_pid, "VmRSS"),
+                "jvm_heap": (rt.totalMemory() - rt.freeMemory()) / 2**20,
+                "jvm_threads": int(self.spark._jvm.java.lang.Thread.activeCount()),
+                "cached_rdds": int(self.spark._jsc.getPersistentRDDs().size()),
+                "py_threads": threading.active_count()}
+
+    def peak(self) -> str:
+        return (f"driver peak memory: JVM {_proc_mb(self.jvm_pid, 'VmHWM'):.0f} MB (VmHWM), "
+                f"Python {_rss_mb():.0f} MB")
+
+
+class Stages:
+    """Time per stage of one dp_spark release: wraps the engine's steps (benchmark only)."""
+
+    STAGE_LINE = re.compile(r"stage (\S+) done in ([0-9.]+)s")
+
+    def __init__(self):
+        self.current: dict[str, float] = defaultdict(float)
+        self.runs: list[dict[str, float]] = []
+        self._local = threading.local()
+
+    def install(self) -> None:
+        import dp_spark.governance as gov
+        import dp_spark.governance.versions as versions
+        import dp_spark.release.writer as writer
+        from dp_spark.engine import Engine
+
+        def wrap(owner, name, label):
+            fn = getattr(owner, name)
+
+            def timed(*a, **kw):
+                if getattr(self._local, "depth", 0):  # only the outermost timed call counts
+                    return fn(*a, **kw)
+                self._local.depth = 1
+                t0 = time.monotonic()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    self._local.depth = 0
+                    self.current[label] += time.monotonic() - t0
+            setattr(owner, name, timed)
+
+        wrap(Engine, "validate", "validate (plan, pin snapshot, access)")
+        wrap(Engine, "_reserve", "ledger reserve")
+        wrap(Engine, "_commit_if_owner", "ledger commit")
+        wrap(Engine, "_audit", "ledger audit rows")
+        wrap(Engine, "_result", "result (budget status)")
+        wrap(writer, "ensure_release_table", "release table check")
+        wrap(writer, "write_release", "Delta write (release)")
+        wrap(writer, "prepare_release_write", "prepare write keys (thread, overlaps aggregation)")
+        wrap(versions, "record_publications", "finish: versions (_published)")
+        wrap(gov, "_refresh_statement", "finish: privacy statement")
+        wrap(Engine, "_refresh_mirror", "finish: ledger mirror (in a thread)")
+        stages = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                m = stages.STAGE_LINE.search(record.getMessage())
+                if m and m.group(1) != "write":
+                    stages.current[f"stage {m.group(1)}"] += float(m.group(2))
+
+        lg = logging.getLogger("dp_spark.engine")
+        lg.addHandler(Handler())
+        lg.setLevel(logging.INFO)
+
+    @contextmanager
+    def run(self):
+        self.current = defaultdict(float)
+        t0 = time.monotonic()
+        yield
+        self.current["TOTAL"] = time.monotonic() - t0
+        self.runs.append(dict(self.current))
+
+    def report(self, title: str, last: int | None = None) -> None:
+        runs = self.runs[-last:] if last else self.runs
+        if not runs:
+            return
+        labels = sorted({k for r in runs for k in r}, key=lambda k: (k == "TOTAL", k))
+        print(f"  time by stage, {title} (median of {len(runs)} runs; the mirror overlaps the versions):")
+        for k in labels:
+            print(f"    {k:42s} {statistics.median(r.get(k, 0.0) for r in runs):7.2f}s")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="2000000,20000000", help="rows per dataset, comma separated")
+    ap.add_argument("--rows", "--sizes", dest="rows", default=None,
+                    help="rows per dataset, comma separated (default 2000000; 1000 for tiny and drift)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--releases", type=int, default=50, help="--case drift: releases in one engine")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--layout", choices=("time", "user"), default="time",
                     help="row order of the input table (see the module docstring)")
-    ap.add_argument("--case", choices=("aov", "multi", "multi_day_region"), default="aov",
-                    help="the release measured (see the module docstring)")
+    ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift"),
+                    default="aov", help="the release measured (see the module docstring)")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    small_case = args.case in ("tiny", "drift")
+    sizes = [int(s) for s in (args.rows or ("1000" if small_case else "2000000")).split(",")]
 
+    t_start = time.monotonic()
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -80,21 +216,36 @@ def main() -> int:
 
     spark = get_or_create_session(master="local[2]", extra_conf={"spark.driver.memory": "8g"})
     spark.sparkContext.setLogLevel("ERROR")
+    print(f"imports + session: {time.monotonic() - t_start:.1f}s (machine: 2 cores shared with other "
+          f"engineers, load average {os.getloadavg()[0]:.1f})", flush=True)
+    mem = Memory(spark)
+    stages = Stages()
+    stages.install()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dp_bench_"))
     (work / "releases").mkdir(parents=True, exist_ok=True)
     aov = yaml.safe_load((ROOT / "conf/releases/aov_by_region.yaml").read_text())
     K, lo, hi = aov["bounds"]["max_rows_per_unit"], aov["value"]["lower"], aov["value"]["upper"]
     keys = ["region"] if args.case != "multi_day_region" else ["day", "region"]
-    if args.case != "aov":
+    L0, LINF = None, None
+    regions = [f"region_{i:02d}" for i in range(1, 21)]
+    if small_case:
+        aov = {"privacy_unit": {"kind": "user", "column": "user_id"},
+               "group_by": [{"column": "region", "public_keys": {"values": regions}}],
+               "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": 20},
+               "statistics": [{"name": "orders", "kind": "count"}]}
+    elif args.case != "aov":
         K = 5
-        regions = [f"region_{i:02d}" for i in range(1, 21)]
         group_by = [{"column": "region", "public_keys": {"values": regions}}]
         if args.case == "multi_day_region":
             group_by.insert(0, {"column": "day", "public_keys": {"dates": {"start": "2026-11-01",
                                                                              "end": "2026-11-30"}}})
         value = {"column": "order_value", "lower": lo, "upper": hi}
+        bounds = {"max_rows_per_unit": K, "max_partitions_per_unit": 600}
+        if args.case == "general":
+            L0, LINF = 3, 2
+            bounds = {"max_rows_per_unit": K, "max_partitions_per_unit": L0, "max_rows_per_partition": LINF}
         aov = {"privacy_unit": {"kind": "user", "column": "user_id"}, "group_by": group_by,
-               "bounds": {"max_rows_per_unit": K, "max_partitions_per_unit": 600},
+               "bounds": bounds,
                "statistics": [{"name": "users", "kind": "distinct_units"}, {"name": "orders", "kind": "count"},
                               dict(value, name="revenue", kind="sum"), dict(value, name="aov", kind="mean")],
                "max_cells": 3000}
@@ -116,6 +267,8 @@ def main() -> int:
             t0 = time.monotonic()
             df = generate_events(spark, n_users=users, days=30, start_date=date(2026, 11, 1), seed=3,
                                  mean_rows_per_user=10)
+            if small_case:
+                df = df.limit(n)
             if args.layout == "time":
                 df = df.repartitionByRange(max(2, n // 1_000_000), "event_time").sortWithinPartitions("event_time")
             df.write.format("delta").mode("overwrite").save(str(data))
@@ -128,7 +281,13 @@ def main() -> int:
                             source="bench", root=work)
 
         def plain():
+            # the DataFrame is rebuilt from the Delta table at every repetition (no reuse)
             df = spark.read.format("delta").load(str(data)).where(F.col("user_id").isNotNull())
+            if L0 is not None:  # the same three limits, the textbook way: three windows
+                w0 = Window.partitionBy("user_id").orderBy(F.xxhash64("user_id", "region"), "region")
+                df = df.withColumn("r0", F.dense_rank().over(w0)).where(F.col("r0") <= L0)
+                w1 = Window.partitionBy("user_id", "region").orderBy("event_id")
+                df = df.withColumn("r1", F.row_number().over(w1)).where(F.col("r1") <= LINF)
             w = Window.partitionBy("user_id").orderBy("event_id")
             df = df.withColumn("rn", F.row_number().over(w)).where(F.col("rn") <= K)
             v = F.least(F.greatest(F.col("order_value"), F.lit(lo)), F.lit(hi))
@@ -137,20 +296,73 @@ def main() -> int:
             return df.groupBy(*keys).agg(F.countDistinct("user_id"), F.count(F.lit(1)), F.sum(v),
                                          F.avg(v)).collect()
 
-        def dp(i, full=False):
+        eng_shared: list = []
+
+        def dp(i, full=False, engine=None):
             d = dict(aov, name=f"aov_bench_{n}_{i + 1}", family="aov_bench", dataset="bench_events",
                      budget={"id": "bench", "measure": "zcdp", "rho": 0.01})
             f = work / "releases" / f"aov_bench_{n}_{i}.yaml"
             f.write_text(yaml.safe_dump(d))
-            eng = Engine(env, spark=spark, principal="bench", refresh="deferred")  # one job, one engine
-            result = eng.publish(load_release_spec(f))
-            assert result.status == "published", result.status
-            if full:
-                eng.finish()  # + version record, ledger mirror and privacy statement
+            # one job, one engine (or the drift case's one engine for every release)
+            eng = engine or Engine(env, spark=spark, principal="bench", refresh="deferred")
+            with stages.run():
+                result = eng.publish(load_release_spec(f))
+                assert result.status == "published", result.status
+                if full:
+                    eng.finish()  # + version record, ledger mirror and privacy statement
             return eng
+
+        if args.case == "tiny":
+            t0 = time.monotonic(); dp(-1, full=True); cold = time.monotonic() - t0
+            print(f"cold (first release in this JVM, after the session started): {cold:.2f}s", flush=True)
+            stages.runs.clear()
+            tt = []
+            for i in range(max(args.reps, 5)):
+                t0 = time.monotonic(); dp(i, full=True); tt.append(time.monotonic() - t0)
+            med = statistics.median(tt)
+            print(f"case=tiny rows={n:,}: fixed cost publish + finish (warm) median {med:.2f}s  runs "
+                  f"{', '.join(f'{x:.2f}' for x in tt)}  TARGET <= 3s: {'PASS' if med <= 3 else 'FAIL'}")
+            stages.report("tiny release, warm")
+            print("  " + mem.peak())
+            continue
+        if args.case == "drift":
+            eng = Engine(env, spark=spark, principal="bench", refresh="deferred")
+            dp(-1, full=True, engine=eng)
+            tt, mm = [], []
+            for i in range(args.releases):
+                t0 = time.monotonic(); dp(i, full=True, engine=eng); tt.append(time.monotonic() - t0)
+                gc.collect()
+                mm.append(mem.now())
+                m = mm[-1]
+                print(f"release {i + 1:3d}: {tt[-1]:6.2f}s  Python RSS {m['py_rss']:6.0f} MB  JVM RSS "
+                      f"{m['jvm_rss']:6.0f} MB  JVM heap after GC {m['jvm_heap']:6.0f} MB  threads JVM "
+                      f"{m['jvm_threads']} Python {m['py_threads']}  cached RDDs {m['cached_rdds']}  | "
+                      + "  ".join(f"{k.split(':')[-1].split('(')[0].strip()} {v:.1f}s"
+                                  for k, v in stages.runs[-1].items() if k.startswith(("finish", "stage", "Delta"))),
+                      flush=True)
+            k = min(5, len(tt))
+
+            def med(xs):
+                return statistics.median(xs)
+            first, last = med(tt[:k]), med(tt[-k:])
+            print(f"case=drift releases={args.releases} in one engine: time first {k} {first:.2f}s, last {k} "
+                  f"{last:.2f}s (x{last / first:.2f}); JVM RSS first {med([m['jvm_rss'] for m in mm[:k]]):.0f} "
+                  f"MB, last {med([m['jvm_rss'] for m in mm[-k:]]):.0f} MB; JVM heap after GC first "
+                  f"{med([m['jvm_heap'] for m in mm[:k]]):.0f} MB, last {med([m['jvm_heap'] for m in mm[-k:]]):.0f} "
+                  f"MB; Python RSS first {med([m['py_rss'] for m in mm[:k]]):.0f} MB, last "
+                  f"{med([m['py_rss'] for m in mm[-k:]]):.0f} MB  TARGET flat (x <= 1.5): "
+                  f"{'PASS' if last / first <= 1.5 else 'FAIL'}")
+            runs = stages.runs[1:]  # without the warm-up release
+            stages.runs = runs[:k]
+            stages.report(f"first {k} releases")
+            stages.runs = runs[-k:]
+            stages.report(f"last {k} releases")
+            print("  " + mem.peak())
+            continue
 
         plain()  # warm-up both paths once (JIT, Delta log cache)
         dp(-1, full=True)
+        stages.runs.clear()
         ta, tb, tc = [], [], []
         for i in range(args.reps):
             t0 = time.monotonic(); plain(); ta.append(time.monotonic() - t0)
@@ -162,14 +374,19 @@ def main() -> int:
         print(f"case={args.case} rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
               f"{b:.2f}s  ratio b/a={b / a:.2f}  | (c) publish + finish (versions, mirror, statement) "
               f"{c:.2f}s ratio c/a={c / a:.2f}  | paired median b_i/a_i="
-              f"{statistics.median(x / y for x, y in zip(tb, ta)):.2f}  "
-              f"driver peak RSS {_rss_mb():.0f} MB", flush=True)
-    if len(sizes) >= 2:
+              f"{statistics.median(x / y for x, y in zip(tb, ta)):.2f}  c_i/a_i="
+              f"{statistics.median(x / y for x, y in zip(tc, ta)):.2f}", flush=True)
+        stages.runs = stages.runs[1::2]  # the (c) runs: publish + finish
+        stages.report(f"(c) at {n:,} rows")
+        print("  " + mem.peak(), flush=True)
+    if len(sizes) >= 2 and results:
         small, big = sizes[0], sizes[-1]
         print(f"time ratio {big:,}/{small:,} rows: plain {results[big][0] / results[small][0]:.2f}  "
-              f"dp_spark {results[big][1] / results[small][1]:.2f}")
+              f"dp_spark {results[big][1] / results[small][1]:.2f}  TARGET <= 10: "
+              f"{'PASS' if results[big][1] / results[small][1] <= 10 else 'FAIL'}")
     for n, (a, b) in results.items():
-        print(f"TARGET b/a <= 1.3 at {n:,}: {'PASS' if b / a <= 1.3 else 'FAIL'} ({b / a:.2f})")
+        target = 1.5 if n < 10_000_000 else 1.3
+        print(f"TARGET b/a <= {target} at {n:,}: {'PASS' if b / a <= target else 'FAIL'} ({b / a:.2f})")
     return 0
 
 
