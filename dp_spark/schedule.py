@@ -372,32 +372,11 @@ def parse_day(text: str, *, today: Optional[date] = None) -> date:
         raise argparse.ArgumentTypeError(f"not an ISO date, 'today' or 'yesterday': {text!r}") from None
 
 
-def refresh_parser(prog: str = "daily_refresh.py") -> argparse.ArgumentParser:
-    from dp_spark.cli import DEFAULT_ENV
+def refresh_parser(prog: str = "dp-spark refresh") -> argparse.ArgumentParser:
+    """The ``dp-spark refresh`` parser (kept here for old imports; the CLI owns it)."""
+    from dp_spark.cli import command_parser
 
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Publish one day's cell of a day-keyed release (the DAU trend), or backfill a "
-                    "range of days; each day is charged once, reruns are no-ops, and a day whose "
-                    "input snapshot changed after publication is reported, not republished.")
-    p.add_argument("--env", default=DEFAULT_ENV, help="environment file (default: %(default)s)")
-    p.add_argument("--conf", action="append", required=True, metavar="SPEC",
-                   help="day-keyed release spec YAML (group_by over declared dates); repeatable")
-    when = p.add_mutually_exclusive_group(required=True)
-    when.add_argument("--date", type=parse_day, metavar="D",
-                      help="the day to publish: ISO date, 'today' or 'yesterday' (UTC)")
-    when.add_argument("--from", dest="start", type=parse_day, metavar="D1",
-                      help="first day of a backfill (with --to)")
-    p.add_argument("--to", dest="end", type=parse_day, metavar="D2", help="last day of a backfill (inclusive)")
-    p.add_argument("--republish", action="store_true",
-                   help="republish days whose input snapshot changed since publication (charges again)")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 3 when a day was left stale (snapshot_changed / code_changed)")
-    p.add_argument("--keep-going", action="store_true",
-                   help="after a failed day, still try the following days")
-    p.add_argument("--mode", choices=("official", "exploration"), default="official")
-    p.add_argument("--quiet", action="store_true", help="print only the per-day lines")
-    return p
+    return command_parser("refresh")
 
 
 def _fmt_value(v: Any) -> str:
@@ -429,66 +408,13 @@ def format_day(r: DayResult) -> str:
     return "  ".join(parts)
 
 
-def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None, prog: str = "daily_refresh.py") -> int:
-    """Exit status: 0 all days served (or reported stale), 2 a day failed or the arguments /
-    config are invalid, 3 with ``--strict`` when a day was left stale. ``engine``: reuse one
-    (tests, notebooks); otherwise ``Engine(env, mode=...)`` on the ambient or a new session."""
-    p = refresh_parser(prog)
-    args = p.parse_args(argv)
-    if args.start is not None and args.end is None:
-        p.error("--from needs --to")
-    if args.end is not None and args.start is None:
-        p.error("--to needs --from")
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    start, end = (args.date, args.date) if args.date is not None else (args.start, args.end)
+def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None, prog: str = "dp-spark refresh") -> int:
+    """``dp-spark refresh`` (:func:`dp_spark.cli.refresh_main`), kept here for old imports.
+    Exit status as documented in docs/cli.md: 0 every day served (or reported stale), 1 a day
+    failed, 2 the arguments or config are invalid, 3 with ``--strict`` when a day was left stale."""
+    from dp_spark.cli import refresh_main as _refresh
 
-    from dp_spark.config import load_env, load_release_spec
-
-    results: list[DayResult] = []
-    try:
-        env = load_env(args.env)
-        # relative date keys (``end: today``) resolve against the job's last day, never the data
-        specs = [load_release_spec(c, run_date=max(end, _today())) for c in args.conf]
-        for s in specs:  # every day of every spec validated before Spark starts
-            for d in days_between(start, end):
-                day_spec(s, d)
-        owned = engine is None
-        if owned:
-            from dp_spark.engine import Engine
-
-            # the ledger mirror and the statements are rebuilt once for the batch (finish)
-            engine = Engine(env, mode=args.mode, refresh="deferred")
-
-        def show(r: DayResult) -> None:
-            print(format_day(r), flush=True)
-
-        try:
-            for s in specs:
-                results += backfill(engine, s, start, end, republish=args.republish,
-                                    stop_on_error=not args.keep_going, on_day=show)
-        finally:
-            if owned:
-                engine.finish()
-    except DpSparkError as exc:
-        print(f"daily_refresh: error: {exc}", file=sys.stderr)
-        return 2
-    served = sum(r.status in SERVED for r in results)
-    charged = sum(r.charge is not None for r in results)
-    stale = [r for r in results if r.status in STALE]
-    failed = [r for r in results if r.status in FAILED]
-    errors = sum(r.status == "error" for r in results)
-    print(f"== {len(results)} day(s): {served} served ({charged} charged), {len(stale)} stale, "
-          f"{errors} failed, {len(failed) - errors} skipped", flush=True)
-    if stale:
-        print(f"daily_refresh: {len(stale)} day(s) were published on an older input snapshot and were "
-              "not republished (pass --republish to publish them again; that charges the budget)",
-              file=sys.stderr)
-    if failed:
-        return 2
-    if stale and args.strict:
-        return 3
-    return 0
+    return _refresh(argv, engine=engine)
 
 
 def main() -> None:  # console-script style entry point
