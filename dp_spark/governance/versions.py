@@ -57,6 +57,7 @@ __all__ = [
     "current_release_id",
     "history",
     "published_view",
+    "table_version",
     "published_path_for",
 ]
 
@@ -140,12 +141,20 @@ def ensure_published_table(spark: SparkSession, path: str) -> None:
 
 
 def _rows(spark: SparkSession, path: str, family: Union[str, Sequence[str]]) -> list[dict[str, Any]]:
-    """The versions of one family (or of several), ordered by (family, version_no)."""
-    if not _exists(spark, path):
-        return []
+    """The versions of one family (or of several), ordered by (family, version_no).
+
+    One resolution of the table's Delta log and one Spark job: the table is loaded directly
+    (its absence is told apart from a damaged table only when the load fails) and the few rows
+    of these families are sorted here, not by a distributed sort (two more jobs)."""
     families = [family] if isinstance(family, str) else list(family)
-    df = spark.read.format("delta").load(path).where(F.col("family").isin(families))
-    return [r.asDict() for r in df.orderBy("family", "version_no").collect()]
+    try:
+        df = spark.read.format("delta").load(path)
+        rows = [r.asDict() for r in df.where(F.col("family").isin(families)).collect()]
+    except Exception:  # (Spark Connect loads lazily: a missing table fails the collect)
+        if not _exists(spark, path):  # no table (yet); a damaged one raises there
+            return []
+        raise
+    return sorted(rows, key=lambda r: (r["family"], r["version_no"]))
 
 
 def _check_invariant(rows: list[dict[str, Any]], family: str) -> None:
@@ -316,6 +325,21 @@ def rollback(spark: SparkSession, path: str, family: str, principal: str, reason
         return c["release_id"], None if prev is None else prev["release_id"]
 
     return _with_retries(attempt)
+
+
+def table_version(spark: SparkSession, path: str) -> Optional[int]:
+    """The versions table's latest Delta version from its log (no Spark job), or None where that
+    is not available (Spark Connect, no table yet, any failure): callers then compare rows.
+
+    Every change of any version record is a new Delta version, so an unchanged version means
+    unchanged records: a cheap "did anyone version meanwhile?" for a statement writer."""
+    from dp_spark.release.writer import _fast_snapshot
+
+    try:
+        snap = _fast_snapshot(spark, path)
+    except Exception:
+        return None
+    return None if snap is None else snap.version
 
 
 def current_release_id(spark: SparkSession, path: str, family: str) -> Optional[str]:
