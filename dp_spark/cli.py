@@ -531,8 +531,18 @@ def _run_explore(args: argparse.Namespace) -> int:
         caption = (f"{spec.name}: {spec.charge.MEASURE}; bounds {spec.bounds.max_rows_per_unit} rows/unit, "
                    f"{spec.cells} public cells; group size = assumed public size, no data read; "
                    f"relative error of the {float(spec.confidence):.0%} interval target {args.target:.0%}")
+        delta = None  # the budget's statement delta: the chart shows epsilon beside rho
+        if spec.charge.MEASURE == "zcdp":
+            try:
+                from dp_spark.ledger.policy import load_policies
+
+                pol = load_policies(_load_env(args.env).policies).get(spec.budget_id)
+                delta = None if pol is None or pol.statement_delta is None else float(pol.statement_delta)
+            except DpSparkError:
+                delta = None  # no env or policy at hand: the chart shows rho only
         png = explorer_chart(rows, out / f"{spec.name}_explorer.png", caption, statistic=stat,
-                             target=args.target, error_column="rel_halfwidth")
+                             target=args.target, error_column="rel_halfwidth",
+                             configured=float(configured), delta=delta)
         csv_path = out / f"{spec.name}_explorer.csv"
         with csv_path.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))

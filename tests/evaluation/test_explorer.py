@@ -132,7 +132,9 @@ def test_format_table_and_chart(tmp_path):
     assert text.count("\n") == 2 + 9 - 1 and "rho" in text.splitlines()[0]
     fig = build_explorer_figure(rows, "caption", target=0.05)
     ax = fig.axes[0]
-    assert len(ax.get_lines()) == 3 + 1  # one line per group size, plus the target
+    labels = [l.get_label() for l in ax.get_lines() if not l.get_label().startswith("_")]
+    # one line per group size, plus the target (unlabelled guides, e.g. the 100% line, aside)
+    assert labels == ["group size 50", "group size 500", "group size 5,000", "target 5.0%"]
     assert ax.get_xscale() == "log" and "rho" in ax.get_xlabel()
     path = explorer_chart(rows, tmp_path / "e.png", "caption", target=0.05)
     assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
