@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import yaml
 from pyspark.sql import functions as F
@@ -17,15 +18,6 @@ from dp_spark.engine import Engine, plan_for
 from dp_spark.statistics.selection import publish_probability
 
 from .conftest import ROOT, register
-
-POLICY = {
-    "version": 1,
-    "budgets": {
-        "found_keys": {"dataset": "demo_events", "privacy_unit": "user", "measure": "zcdp",
-                       "cap": {"rho": 10}, "statement_delta": 1e-7, "delta_cap": 0.5, "window": "none"},
-    },
-}
-
 
 def _lonely_units(spark, location: str, n: int):
     """n new units, each alone in a region of its own (rows copied from real ones)."""
@@ -44,7 +36,7 @@ def _spec_dict(delta: float, l0: int = 1):
         "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": l0},
         "statistics": [{"name": "users", "kind": "distinct_units"},
                        {"name": "revenue", "kind": "sum", "column": "order_value", "lower": 0, "upper": 500}],
-        "budget": {"id": "found_keys", "measure": "zcdp", "rho": 0.5, "delta": delta},
+        "budget": {"id": "any", "measure": "zcdp", "rho": 0.5, "delta": delta},
         "max_cells": 2000,
     }
 
@@ -89,7 +81,6 @@ def test_lone_unit_keys_are_published_at_most_at_rate_delta_and_real_regions_are
 def test_engine_publishes_found_regions_by_day_with_one_charge_and_no_trace_of_the_rest(spark, warehouse, tmp_path):
     """The shipped spec with 'region' undeclared: day (public) x region (private), one
     charge (rho, delta) in the ledger, the statement names the selection's parameters only."""
-    pol = ROOT / "conf/policies/budgets.yaml"
     spec = register(warehouse, "orders_by_found_region")
     assert spec.private_key_sets and spec.charge.delta > 0
     env = load_env(warehouse)
@@ -110,9 +101,9 @@ def test_engine_publishes_found_regions_by_day_with_one_charge_and_no_trace_of_t
     assert t.where(F.col("key").contains("lonely")).count() == 0
     entries = eng.ledger.entries(spec.budget_id)
     assert len(entries) == 1
+    assert {row["charge_delta"] for row in r.rows} == {1e-8}
     md = (env.warehouse / "statements" / f"{spec.family}.md").read_text()
-    assert "lonely" not in md
-    assert pol.exists()
+    assert "lonely" not in md and "found privately" in md
 
 
 def test_mixed_public_and_private_columns_and_plan_shuffles(spark, warehouse):
@@ -160,3 +151,21 @@ def test_shipped_spec_is_valid_and_its_charge_carries_delta():
     assert d["group_by"][1] == {"column": "region", "private_keys": {"max_keys": 50}}
     spec = release_spec_from_dict(d, "shipped")
     assert spec.charge.delta == Fraction(1, 10**8) and isinstance(spec.charge, ZCDP)
+
+
+def test_a_budget_without_delta_cap_refuses_private_keys_before_any_data(spark, warehouse):
+    """An existing budget (no delta_cap: 0) refuses a release that spends delta, naming the
+    field to add; nothing is charged or created."""
+    import pytest
+
+    from dp_spark.errors import BudgetExceededError
+
+    env = load_env(warehouse)
+    pol = yaml.safe_load(Path(env.policies).read_text())
+    pol["budgets"]["demo_events_user"].pop("delta_cap", None)
+    Path(env.policies).write_text(yaml.safe_dump(pol))
+    spec = register(warehouse, "orders_by_found_region")
+    eng = Engine(load_env(warehouse), spark=spark, principal="publisher_bob")
+    with pytest.raises(BudgetExceededError, match="delta_cap"):
+        eng.publish(spec)
+    assert not Path(eng.table_path(spec)).exists()
