@@ -618,8 +618,10 @@ class Engine:
         entry = self.ledger.find(release_id)
         if entry is not None and entry.state == "committed":
             self._audit(spec, "cache_hit", release_id, None)
-            self._version(spec, release_id)  # heals a crash between commit and versioning
-            return self._stored(spec, release_id, path, "cache_hit")
+            stored = self._stored(spec, release_id, path, "cache_hit")
+            if stored.rows or not spec.private_key_sets:  # an empty release is never versioned
+                self._version(spec, release_id)  # heals a crash between commit and versioning
+            return stored
         if entry is not None and release_present(self.spark, path, release_id):
             # crashed after the write, before the commit: heal by committing what was written
             self.ledger.commit(release_id, entry.owner_token)
@@ -695,9 +697,12 @@ class Engine:
         detail = f"degraded from {_degraded_from}" if _degraded_from else ""
         if spec.min_group_size is not None:
             detail = (detail + "; " if detail else "") + f"suppressed {len(suppressed)} of {spec.cells} cells"
+        if not rows:
+            detail = (detail + "; " if detail else "") + "no key was selected: nothing published"
         self._audit(spec, status, release_id, charged, detail)
         self._mirror()
-        self._version(spec, release_id)
+        if rows:  # no key selected: the family's current version stays what it was
+            self._version(spec, release_id)
         # the write committed exactly these rows: return them without reading the table back
         from dp_spark.release.writer import RELEASE_SCHEMA
 
@@ -756,6 +761,12 @@ class Engine:
         """
         from dp_spark.release.writer import ConcurrentReleaseWrite, read_release, same_cells, write_release
 
+        if not rows:
+            # a release with private keys of which none was selected: nothing to write. On a
+            # fresh reservation nobody wrote before us; after a takeover, a previous owner's
+            # non-empty draw, if it landed, is the release
+            stored = [] if fresh else read_release(self.spark, path, release_id)
+            return stored or None
         try:
             write_release(self.spark, path, rows)
             raced = False

@@ -169,3 +169,17 @@ def test_a_budget_without_delta_cap_refuses_private_keys_before_any_data(spark, 
     with pytest.raises(BudgetExceededError, match="delta_cap"):
         eng.publish(spec)
     assert not Path(eng.table_path(spec)).exists()
+
+
+def test_no_key_selected_publishes_an_empty_release_once(spark, warehouse):
+    """When no key reaches the threshold the release publishes no cell: the charge is spent
+    once (the noise was drawn), and a rerun is a cache hit."""
+    d = yaml.safe_load((ROOT / "conf/releases/orders_by_found_region.yaml").read_text())
+    d.update(name="found_nothing", family="found_nothing", where="region = 'no_such_region'")
+    spec = register(warehouse, "found_nothing", d)
+    eng = Engine(load_env(warehouse), spark=spark, principal="publisher_bob")
+    r = eng.publish(spec)
+    assert r.status == "published" and r.rows == () and r.charge == spec.charge
+    again = Engine(load_env(warehouse), spark=spark, principal="publisher_bob").publish(spec)
+    assert again.status == "cache_hit" and again.charge is None and again.rows == ()
+    assert len(eng.ledger.entries(spec.budget_id)) == 1
