@@ -57,6 +57,15 @@ _LOCAL_DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
+    # The status store keeps jobs, stages, tasks and SQL executions (with their plan graphs)
+    # even with the UI off: ~35 executions per release, so a driver publishing release after
+    # release grew its live heap until the defaults' caps (1,000 / 1,000 / 100,000 / 1,000)
+    # and then paid their trimming (issue 15, "no drift"; docs/performance.md).
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.dagGraph.retainedRootRDDs": "100",
 }
 
 
