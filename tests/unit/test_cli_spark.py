@@ -10,17 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dp_spark import cli
 from tests.jobs.conftest import write_env
-
-
-def _main(argv, capsys) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests.unit.test_cli_commands import _exit as _main
 
 
 @pytest.mark.slow
