@@ -47,25 +47,42 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("DP_SPARK_TEST_MODE", "1")
 
 
-def three_windows(df, *, unit_col, partition_col, l0, linf, k, salt):
-    """The plan of before (reference for the benchmark): three windows, three sorts."""
-    from pyspark.sql import Window
+def _with_priorities(df, unit_col, partition_col, salt):
+    """The input with its row and key priorities (the hashes every candidate ranks by):
+    (frame, original columns, unit, key, tie-break order)."""
     from pyspark.sql import functions as F
 
     original = df.columns
     unit, part = F.col(unit_col), F.col(partition_col)
     tie = [F.col(c).asc_nulls_first() for c in original]
     out = df.withColumn("__dp_row_prio", F.xxhash64(F.lit(salt), F.lit("row"), *[F.col(c) for c in original]))
-    row_order = [F.col("__dp_row_prio").asc(), *tie]
     out = out.withColumn("__dp_part_prio", F.xxhash64(F.lit(salt), F.lit("partition"), unit, part))
+    return out, original, unit, part, tie
+
+
+def _k_limit(out, unit, tie, k, most):
+    """The K window (a sort of its own), only when K can bind (K < the most rows left)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if k < most:
+        w2 = Window.partitionBy(unit).orderBy(F.col("__dp_row_prio").asc(), *tie)
+        out = out.withColumn("__dp_r2", F.row_number().over(w2)).where(F.col("__dp_r2") <= k)
+    return out
+
+
+def three_windows(df, *, unit_col, partition_col, l0, linf, k, salt):
+    """The plan of before (reference for the benchmark): three windows, three sorts."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    out, original, unit, part, tie = _with_priorities(df, unit_col, partition_col, salt)
+    row_order = [F.col("__dp_row_prio").asc(), *tie]
     w0 = Window.partitionBy(unit).orderBy(F.col("__dp_part_prio").asc(), part.asc_nulls_first())
     out = out.withColumn("__dp_r0", F.dense_rank().over(w0)).where(F.col("__dp_r0") <= l0)
     w1 = Window.partitionBy(unit, part).orderBy(*row_order)
     out = out.withColumn("__dp_r1", F.row_number().over(w1)).where(F.col("__dp_r1") <= linf)
-    if k < l0 * linf:
-        w2 = Window.partitionBy(unit).orderBy(*row_order)
-        out = out.withColumn("__dp_r2", F.row_number().over(w2)).where(F.col("__dp_r2") <= k)
-    return out.select(*original)
+    return _k_limit(out, unit, tie, k, l0 * linf).select(*original)
 
 
 def running(df, *, unit_col, partition_col, l0, linf, k, salt):
@@ -73,12 +90,8 @@ def running(df, *, unit_col, partition_col, l0, linf, k, salt):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    original = df.columns
-    unit, part = F.col(unit_col), F.col(partition_col)
-    tie = [F.col(c).asc_nulls_first() for c in original]
+    out, original, unit, part, tie = _with_priorities(df, unit_col, partition_col, salt)
     m = min(linf, k)
-    out = df.withColumn("__dp_row_prio", F.xxhash64(F.lit(salt), F.lit("row"), *[F.col(c) for c in original]))
-    out = out.withColumn("__dp_part_prio", F.xxhash64(F.lit(salt), F.lit("partition"), unit, part))
     w = Window.partitionBy(unit).orderBy(F.col("__dp_part_prio").asc(), part.asc_nulls_first(),
                                          F.col("__dp_row_prio").asc(), *tie)
     run = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -88,10 +101,7 @@ def running(df, *, unit_col, partition_col, l0, linf, k, salt):
     out = out.withColumn("__dp_r0", F.sum(F.col("__dp_new").cast("int")).over(run)).withColumn(
         "__dp_start", F.max(F.when(F.col("__dp_new"), F.col("__dp_rn"))).over(run))
     out = out.where((F.col("__dp_r0") <= l0) & (F.col("__dp_rn") - F.col("__dp_start") < m))
-    if k < l0 * m:
-        w2 = Window.partitionBy(unit).orderBy(F.col("__dp_row_prio").asc(), *tie)
-        out = out.withColumn("__dp_r2", F.row_number().over(w2)).where(F.col("__dp_r2") <= k)
-    return out.select(*original)
+    return _k_limit(out, unit, tie, k, l0 * m).select(*original)
 
 
 def one_sort(df, *, unit_col, partition_col, l0, linf, k, salt):
@@ -102,22 +112,15 @@ def one_sort(df, *, unit_col, partition_col, l0, linf, k, salt):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    original = df.columns
-    unit, part = F.col(unit_col), F.col(partition_col)
-    tie = [F.col(c).asc_nulls_first() for c in original]
+    out, original, unit, part, tie = _with_priorities(df, unit_col, partition_col, salt)
     m = min(linf, k)
-    out = df.withColumn("__dp_row_prio", F.xxhash64(F.lit(salt), F.lit("row"), *[F.col(c) for c in original]))
-    out = out.withColumn("__dp_part_prio", F.xxhash64(F.lit(salt), F.lit("partition"), unit, part))
     part_order = [F.col("__dp_part_prio").asc(), part.asc_nulls_first()]
     w_part = Window.partitionBy(unit).orderBy(*part_order)
     w_rows = Window.partitionBy(unit).orderBy(*part_order, F.col("__dp_row_prio").asc(), *tie)
     out = out.withColumn("__dp_rn", F.row_number().over(w_rows)).withColumn(
         "__dp_rk", F.rank().over(w_part)).withColumn("__dp_r0", F.dense_rank().over(w_part))
     out = out.where((F.col("__dp_r0") <= l0) & (F.col("__dp_rn") - F.col("__dp_rk") < m))
-    if k < l0 * m:
-        w2 = Window.partitionBy(unit).orderBy(F.col("__dp_row_prio").asc(), *tie)
-        out = out.withColumn("__dp_r2", F.row_number().over(w2)).where(F.col("__dp_r2") <= k)
-    return out.select(*original)
+    return _k_limit(out, unit, tie, k, l0 * m).select(*original)
 
 
 def bound_contributions(df, *, unit_col, partition_col, l0, linf, k, salt):

@@ -66,10 +66,7 @@ def _budget_charge(bud: Mapping[str, Any], measure: str, source: str) -> Budget:
 
     delta = None
     if "delta" in bud:
-        try:
-            delta = to_fraction(bud["delta"], "budget.delta")
-        except DpSparkError as exc:
-            raise _err(source, "budget.delta", str(exc)) from None
+        delta = _fraction(bud["delta"], source, "budget.delta")
         if not 0 <= delta < 1:
             raise _err(source, "budget.delta", "must be >= 0 and < 1")
     if measure == "zcdp" and "epsilon" in bud:
@@ -112,6 +109,15 @@ def _int(value: Any, source: str, name: str, *, minimum: int = 1) -> int:
     if value < minimum:
         raise _err(source, name, f"must be >= {minimum}")
     return value
+
+
+def _fraction(value: Any, source: str, name: str) -> Fraction:
+    """An exact number for field ``name`` (:func:`~dp_spark.budget.to_fraction`); the error
+    names the field, never the value."""
+    try:
+        return to_fraction(value, name)
+    except DpSparkError as exc:
+        raise _err(source, name, str(exc)) from None
 
 
 def _column(value: Any, source: str, name: str) -> str:
@@ -418,10 +424,7 @@ def _private_keys(gb: Mapping[str, Any], column: str, source: str, p: str) -> Pr
                     f"{p}.private_keys.max_keys")
     share = None
     if pk.get("share") is not None:
-        try:
-            share = to_fraction(pk["share"], f"{p}.private_keys.share")
-        except DpSparkError as exc:
-            raise _err(source, f"{p}.private_keys.share", str(exc)) from None
+        share = _fraction(pk["share"], source, f"{p}.private_keys.share")
         if not 0 < share < 1:
             raise _err(source, f"{p}.private_keys.share", "must be in (0, 1): the fraction of the "
                        "release's charge spent on selecting the keys")
@@ -628,10 +631,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
         _check_keys(m, {"assumed_group_size", "min_count", "assumed_mean"}, source, "mean.")
         assumed_mean = None
         if m.get("assumed_mean") is not None:
-            try:
-                assumed_mean = to_fraction(m["assumed_mean"], "mean.assumed_mean")
-            except DpSparkError as exc:
-                raise _err(source, "mean.assumed_mean", str(exc)) from None
+            assumed_mean = _fraction(m["assumed_mean"], source, "mean.assumed_mean")
             if not value.declared_lower <= assumed_mean <= value.declared_upper:
                 raise _err(source, "mean.assumed_mean", "must lie within the value's [lower, upper]")
         mean = MeanOptions(
@@ -767,10 +767,7 @@ def _statistics(raw: Any, source: str) -> tuple[StatisticSpec, ...]:
             clamp = align_clamp(column, lo, hi)
         weight = None
         if e.get("weight") is not None:
-            try:
-                weight = to_fraction(e["weight"], f"{p}.weight")
-            except DpSparkError as exc:
-                raise _err(source, f"{p}.weight", str(exc)) from None
+            weight = _fraction(e["weight"], source, f"{p}.weight")
             if weight <= 0:
                 raise _err(source, f"{p}.weight", "must be > 0")
         options = kind.parse(e, err, clamp)

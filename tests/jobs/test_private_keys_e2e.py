@@ -4,7 +4,6 @@ their statistics in one pass and one charge; keys that one unit alone creates do
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -16,6 +15,9 @@ from dp_spark.budget import ZCDP
 from dp_spark.config import load_env, release_spec_from_dict
 from dp_spark.engine import Engine, plan_for
 from dp_spark.statistics.selection import publish_probability
+
+from tests.statistical.test_private_keys import _binomial_sf
+from tests.unit.test_statistics import ZeroSource
 
 from .conftest import ROOT, register
 
@@ -39,14 +41,6 @@ def _spec_dict(delta: float, l0: int = 1):
         "budget": {"id": "any", "measure": "zcdp", "rho": 0.5, "delta": delta},
         "max_cells": 2000,
     }
-
-
-def _binomial_sf(k: int, n: int, p: float) -> float:
-    total = 0.0
-    for i in range(k, n + 1):
-        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-                          + i * math.log(p) + (n - i) * math.log1p(-p))
-    return min(1.0, total)
 
 
 def test_lone_unit_keys_are_published_at_most_at_rate_delta_and_real_regions_are(spark, warehouse):
@@ -133,17 +127,9 @@ def test_mixed_public_and_private_columns_and_plan_shuffles(spark, warehouse):
     assert got[("south", "2026-11-01", "web")]["dp_rows"] == 60
     assert got[("north", "2026-11-01", "ios")]["dp_rows"] == 30
     assert ("south", "2026-11-02", "web") not in got  # a selected tuple's empty cell: zeros
-    cells = plan.noise(partials, _Zero(), tuples)
+    cells = plan.noise(partials, ZeroSource(), tuples)
     assert {c["key"] for c in cells} == {'["north","2026-11-01","ios"]', '["north","2026-11-02","ios"]',
                                          '["south","2026-11-01","web"]', '["south","2026-11-02","web"]'}
-
-
-class _Zero:
-    def discrete_gaussian(self, sigma, n):
-        return [0] * n
-
-    def discrete_laplace(self, scale, n):
-        return [0] * n
 
 
 def test_shipped_spec_is_valid_and_its_charge_carries_delta():
