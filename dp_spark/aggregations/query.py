@@ -129,9 +129,10 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     # hash-partitioned by the unit after bounding, so this needs no shuffle -- then per cell,
     # summing the per-unit partials (exact longs: a unit has <= Linf' rows in a cell) and
     # counting the units (a distinct count without Spark's Expand of count(distinct)).
-    if not aggs:
-        aggs["dp_rows_"] = F.count(F.lit(1))  # distinct units only: the (cell, unit) groups
-    per_unit = df.groupBy(_col(cell_name).alias(CELL), _col(unit)).agg(*[a.alias(n) for n, a in aggs.items()])
+    # distinct units only: the (cell, unit) groups need one aggregate (Spark refuses none);
+    # it stays on the first level
+    first = aggs or {"dp_rows_": F.count(F.lit(1))}
+    per_unit = df.groupBy(_col(cell_name).alias(CELL), _col(unit)).agg(*[a.alias(n) for n, a in first.items()])
     final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
     if units:
         final.append(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
@@ -221,7 +222,7 @@ def _collect_private(df: DataFrame, plan):
         if key in by_cell:
             raise SchemaError("partials hold more than one row for a key tuple")
         noisy[priv] = int(d.pop(SEL))
-        by_cell[key] = {c: int(v or 0) for c, v in d.items() if c != "dp_rows_"}
+        by_cell[key] = {c: int(v or 0) for c, v in d.items()}
     chosen = limit_keys([(v, t) for t, v in noisy.items()], sel.max_keys, sel.max_tuples)
     del noisy
     public = key_tuples(spec.public_key_sets)

@@ -168,8 +168,9 @@ def _delta_json(policy: BudgetPolicy, cap: Budget, spent: Budget, remaining: Bud
         from dp_spark.accountant import Accountant
 
         acc = Accountant("zcdp", statement_delta=policy.statement_delta)
-        out["spent_as_epsilon_delta"] = {k: acc.statement(spent)[k] for k in ("epsilon", "delta")}
-        out["cap_as_epsilon_delta"] = {k: acc.statement(cap)[k] for k in ("epsilon", "delta")}
+        for name, amount in (("spent", spent), ("cap", cap)):
+            st = acc.statement(amount)  # one OpenDP conversion per amount
+            out[f"{name}_as_epsilon_delta"] = {"epsilon": st["epsilon"], "delta": st["delta"]}
     return out
 
 

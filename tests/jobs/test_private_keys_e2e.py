@@ -169,3 +169,22 @@ def test_no_key_selected_publishes_an_empty_release_once(spark, warehouse):
     again = Engine(load_env(warehouse), spark=spark, principal="publisher_bob").publish(spec)
     assert again.status == "cache_hit" and again.charge is None and again.rows == ()
     assert len(eng.ledger.entries(spec.budget_id)) == 1
+
+
+def test_distinct_units_alone_with_public_and_private_keys(spark):
+    """A release of distinct units only (no row-level aggregate at all) on both key kinds."""
+    rows = [(f"u{u}", "a" if u < 40 else "b", 1.0) for u in range(50)] + [("u0", "a", 2.0)]
+    df = spark.createDataFrame(rows, "user_id string, region string, v double")
+    for keys in ({"public_keys": {"values": ["a", "b"]}}, {"private_keys": {"max_keys": 5}}):
+        d = {"name": "t", "dataset": "d", "privacy_unit": {"kind": "user", "column": "user_id"},
+             "group_by": [dict(column="region", **keys)], "bounds": {"max_rows_per_unit": 3},
+             "statistics": [{"name": "users", "kind": "distinct_units"}],
+             "budget": {"id": "b", "measure": "zcdp", "rho": 8, **({"delta": 1e-3} if "private_keys" in keys else {})}}
+        plan = plan_for(release_spec_from_dict(d, "t.yaml"))
+        got = collect_query_partials(build_query_partials(df, plan, "salt"), plan)
+        if "private_keys" in keys:
+            partials, tuples = got
+            got = {tuples[i][0]: p["dp_units"] for i, p in partials.items()}
+            assert got.get("a") == 40  # 'a' has 40 units: selected; 'b' (10) may or may not be
+        else:
+            assert {i: p["dp_units"] for i, p in got.items()} == {0: 40, 1: 10}
