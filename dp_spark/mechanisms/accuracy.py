@@ -29,7 +29,6 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from dp_spark.errors import ConfigError
 from dp_spark.mechanisms.samplers import DISCRETE_GAUSSIAN, DISCRETE_LAPLACE, _check_scale
@@ -171,6 +170,8 @@ def _theta_terms(sigma: float) -> tuple[float, float]:
 
 
 def _dg_tail_large(sigma: float, h: int) -> float:
+    from scipy import special  # lazy (issue 15): imported at first use, not with the engine
+
     m = float(h + 1)
     fm = math.exp(-(m * m) / (2.0 * sigma * sigma))
     integral = special.erfc(m / (sigma * math.sqrt(2.0)))  # 2 * int_m^inf f / (sqrt(2 pi) sigma)

@@ -27,8 +27,6 @@ from fractions import Fraction
 from numbers import Rational
 from typing import Any
 
-from scipy import special
-
 from dp_spark.budget import to_fraction
 from dp_spark.errors import ConfigError, InvalidBoundsError, InvalidBudgetError
 from dp_spark.mechanisms import accuracy
@@ -183,6 +181,8 @@ def analytic_gaussian_delta(sigma: float, epsilon: float, l2: float = 1.0) -> fl
 
     delta = Phi(l2/(2 sigma) - eps sigma/l2) - e^eps Phi(-l2/(2 sigma) - eps sigma/l2).
     """
+    from scipy import special  # lazy (issue 15): imported at first use, not with the engine
+
     u = l2 / (2.0 * sigma)
     v = epsilon * sigma / l2
     first = float(special.ndtr(u - v))

@@ -1,0 +1,43 @@
+"""Cold-path import cost (issue 15): importing the engine or the CLI loads no SciPy.
+
+SciPy is only needed for some accuracy figures (discrete Gaussian tails beyond sigma 4096, mean
+accuracy) and the analytic Gaussian, so dp_spark.mechanisms.accuracy / calibration / mean import it
+at first use. Each check runs in a fresh interpreter (this test process may already hold SciPy).
+No timing assertions: the check is which modules are loaded, which does not depend on machine load.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str) -> str:
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(ROOT), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.strip()
+
+
+@pytest.mark.parametrize("module", ["dp_spark.engine", "dp_spark.cli"])
+def test_import_does_not_load_scipy(module):
+    assert _run(f"import sys, {module}; print('scipy' in sys.modules)") == "False"
+
+
+def test_scipy_loaded_at_first_use():
+    # The lazy import still happens when a figure needs it: the Gaussian tail beyond the direct
+    # range uses special.erfc, the analytic Gaussian uses special.ndtr / log_ndtr.
+    code = (
+        "import sys\n"
+        "from dp_spark.mechanisms import accuracy, calibration\n"
+        "assert 'scipy' not in sys.modules\n"
+        "t = accuracy.discrete_gaussian_tail(10000.0, 5000)\n"
+        "assert 'scipy' in sys.modules\n"
+        "print(t > 0, calibration.analytic_gaussian_delta(1.0, 1.0) > 0)\n"
+    )
+    assert _run(code) == "True True"
