@@ -506,7 +506,7 @@ class Engine:
     def _result(self, spec, release_id, path, status, rows, *, charge=None, note="") -> ReleaseResult:
         return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,
                              rows=tuple(rows), charge=charge, budget_id=spec.budget_id,
-                             budget_remaining=self.ledger.status(spec.budget_id).remaining, note=note)
+                             budget_remaining=self.ledger.status(spec.budget_id, full=False).remaining, note=note)
 
     def _stored(self, spec, release_id, path, status, note="") -> ReleaseResult:
         """The result of a release already in the table (read back), nothing charged by this call."""

@@ -360,7 +360,7 @@ class Ledger(abc.ABC):
     def bind_dataset(self, budget_id: str, dataset_identity: str, privacy_unit: str) -> None: ...
 
     @abc.abstractmethod
-    def status(self, budget_id: str, now: Optional[datetime] = None) -> BudgetStatus: ...
+    def status(self, budget_id: str, now: Optional[datetime] = None, *, full: bool = True) -> BudgetStatus: ...
 
     @abc.abstractmethod
     def find(self, release_id: str) -> Optional[LedgerEntry]: ...
@@ -409,6 +409,25 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    # -- what changed since a watermark (the Delta mirror's incremental refresh) ----------
+    def entries_since(self, after: Mapping[str, int]) -> tuple[list[LedgerEntry], dict[str, int]]:
+        """Every budget's entries with ``seq > after.get(budget_id, 0)``, in (budget, seq)
+        order, and each budget's chain head (its entry count). A store may verify only what it
+        returns; this default reads (and verifies) everything."""
+        out: list[LedgerEntry] = []
+        heads: dict[str, int] = {}
+        for e in self.entries():
+            heads[e.budget_id] = max(heads.get(e.budget_id, 0), e.seq)
+            if e.seq > int(after.get(e.budget_id, 0)):
+                out.append(e)
+        return out, heads
+
+    def audit_rows_since(self, after: int) -> tuple[list[AuditRow], int]:
+        """Audit rows with ``seq > after``, in order, and the audit chain's head (its row
+        count). This default reads everything."""
+        rows = self.audit_rows()
+        return [a for a in rows if a.seq > after], len(rows)
 
     def __enter__(self) -> "Ledger":
         return self
@@ -1274,14 +1293,29 @@ class SqlLedger(Ledger):
                 n += 1
         return spent, n
 
-    def status(self, budget_id: str, now: Optional[datetime] = None) -> BudgetStatus:
-        """Cap, spent (reserved + committed, in the current window), remaining. Verifies the budget."""
+    def status(self, budget_id: str, now: Optional[datetime] = None, *, full: bool = True) -> BudgetStatus:
+        """Cap, spent (reserved + committed, in the current window), remaining. Verifies the
+        budget's whole chain; with ``full=False`` (a release's result, a statement) O(1) in the
+        number of entries, as the write path: the budget row's MAC, the chain's tail against its
+        head, spent from the MAC'd spend summary, and the window's entry count by one SQL count."""
         def fn(cur: _Cursor) -> BudgetStatus:
             t = self._now(now)
             b = self._load_budget(cur, budget_id, lock=False)
-            entries = self._verified_entries(cur, b)
-            spent, n = self._spent(b.policy, entries, t)
             start, end = b.policy.window.bounds(t)
+            if full:
+                entries = self._verified_entries(cur, b)
+                spent, n = self._spent(b.policy, entries, t)
+            else:
+                self._verified_tail(cur, b)
+                spent = self._window_spent(cur, b, t)[0]
+                if start is None:
+                    n = b.head_seq
+                else:
+                    sql, args = "SELECT count(*) FROM dp_entries WHERE budget_id = ? AND created_at >= ?", [
+                        budget_id, ts_text(start)]
+                    if b.policy.window.kind != "rolling":
+                        sql, args = sql + " AND created_at < ?", args + [ts_text(end)]
+                    n = int(cur.one(sql, tuple(args))[0])
             return BudgetStatus(budget_id, b.policy.measure, b.policy.cap, spent, b.policy.cap - spent, start, end, n)
 
         return self._run("status", fn, write=False)
@@ -1309,6 +1343,43 @@ class SqlLedger(Ledger):
             return out
 
         return self._run("entries", fn, write=False)
+
+    def entries_since(self, after: Mapping[str, int]) -> tuple[list[LedgerEntry], dict[str, int]]:
+        """Every budget's entries past ``after[budget_id]`` (0 when absent) and every budget's
+        chain head seq, verified in O(entries returned): the budget row's MAC, the links from
+        the stored entry at the watermark (or the genesis) to the MAC'd chain head, each row's
+        hash and state MAC. Entries at or before a watermark are not read: an edit there is found
+        by ``verify()``, not here. A watermark past a head returns nothing for that budget (the
+        caller sees it in the heads)."""
+        def fn(cur: _Cursor) -> tuple[list[LedgerEntry], dict[str, int]]:
+            out: list[LedgerEntry] = []
+            heads: dict[str, int] = {}
+            for row in cur.q(f"SELECT {BUDGET_COLS} FROM dp_budgets ORDER BY budget_id"):
+                b = self._budget_from_row(row)
+                bid = b.policy.budget_id
+                heads[bid] = b.head_seq
+                w = int(after.get(bid, 0))
+                if w < 0:
+                    raise LedgerError("a watermark must be a non-negative integer")
+                if w >= b.head_seq:
+                    continue
+                rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? AND seq >= ? AND seq <= ? "
+                             "ORDER BY seq", (bid, max(w, 1), b.head_seq))
+                if w >= 1:
+                    if not rows or int(rows[0][1]) != w:
+                        self._raise_problems([f"budget {bid!r} seq {w}: missing (rows deleted outside the ledger)"])
+                    prev, body = str(rows[0][13]), rows[1:]
+                else:
+                    prev, body = GENESIS, rows
+                problems, entries, last = self._link_problems(b, body, prev, w + 1)
+                if w + len(body) != b.head_seq or last != b.head_hash:
+                    problems.append(f"budget {bid!r}: chain head says {b.head_seq} entries but the stored chain "
+                                    f"ends at seq {w + len(body)} (rows deleted or inserted outside the ledger)")
+                self._raise_problems(problems)
+                out.extend(entries)
+            return out, heads
+
+        return self._run("entries_since", fn, write=False)
 
     def latest_committed(self, release_family: str, budget_id: Optional[str] = None) -> Optional[LedgerEntry]:
         """The most recently committed entry of a release family (for ``return_existing``)."""
@@ -1576,6 +1647,40 @@ class SqlLedger(Ledger):
         if seq != len(rows) or head != prev:
             problems.append(f"audit chain head says {seq} rows but {len(rows)} are stored")
         return problems
+
+    def audit_rows_since(self, after: int) -> tuple[list[AuditRow], int]:
+        """Audit rows with ``seq > after`` and the audit head's seq, verified in O(rows
+        returned): each row's hash links to the stored row ``after`` (or the genesis) and the
+        last one is the MAC'd audit head. An edit to a row at or before ``after`` (other than
+        row ``after``'s own hash) is not seen here: ``verify()`` finds it."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise LedgerError("after must be a non-negative integer")
+
+        def fn(cur: _Cursor) -> tuple[list[AuditRow], int]:
+            seq, head = self._audit_head(cur, lock=False)
+            if after >= seq:
+                return [], seq
+            rows = cur.q(f"SELECT {AUDIT_COLS} FROM dp_audit WHERE seq >= ? AND seq <= ? ORDER BY seq",
+                         (max(after, 1), seq))
+            if after >= 1:
+                if not rows or int(rows[0][0]) != after:
+                    self._raise_problems([f"audit seq {after}: missing (rows deleted outside the ledger)"])
+                prev, body = str(rows[0][10]), rows[1:]
+            else:
+                prev, body = GENESIS, rows
+            problems = []
+            for i, r in enumerate(body, start=after + 1):
+                if int(r[0]) != i:
+                    problems.append(f"audit seq {r[0]}: sequence gap (expected {i})")
+                if not hmac.compare_digest(str(r[10]), self._audit_hash(prev, r)):
+                    problems.append(f"audit seq {r[0]}: row hash mismatch (edited or inserted outside the ledger)")
+                prev = str(r[10])
+            if after + len(body) != seq or prev != head:
+                problems.append(f"audit chain head says {seq} rows but the stored chain ends at seq {after + len(body)}")
+            self._raise_problems(problems)
+            return [self._audit(r) for r in body], seq
+
+        return self._run("audit_rows_since", fn, write=False)
 
     @staticmethod
     def _audit(r: tuple) -> AuditRow:

@@ -1,7 +1,24 @@
 """A Delta mirror of the ledger and the audit log, for analysts (Spark SQL).
 
-The SQL store stays the authority: the mirror is overwritten from it, never read back to
-decide a charge. Exact charges are kept as canonical JSON (``charge``); ``epsilon``,
+The SQL store stays the authority: the mirror is copied from it, never read back to decide a
+charge.
+
+Refresh (after each job's releases; ``mirror_to_delta``) costs what changed, not the ledger's
+size. For each table it reads the mirror's latest Delta version ``v`` and, at ``v``, the highest
+seq (per budget for entries), the row count and the distinct seqs; it asks the ledger only for
+the rows after those watermarks (``entries_since`` / ``audit_rows_since``, which verify the new
+rows, their link to the stored row at the watermark and the MAC'd chain head: O(new rows)) and
+appends them in one commit. An append carries Delta's idempotent-write options
+(``txnAppId = dp_spark.ledger_mirror``, ``txnVersion = v + 1``): Delta skips a write whose
+txnVersion is not above the last recorded one, so of two refreshes planned from the same
+version only the first appends, and a refresh planned before another one committed appends
+nothing (it then re-plans from the new version). A table is rewritten whole (after a full
+``verify()``) only when it must be: it is absent or of another schema, it shows a gap or a
+duplicate, a budget's watermark is past the ledger's head (another ledger's mirror), or an entry
+it shows as ``reserved`` has changed since (committed, or its lease renewed: a release that was
+still running, or crashed and was rerun, when the mirror was last refreshed; each such entry is
+one O(1) ledger lookup per refresh). Both tables stay one row per ledger row. An edit to an OLD ledger row is not seen by a refresh (it reads
+only new rows): ``dp-spark budget verify`` and ``rebuild-mirror`` (``full=True``) check everything. Exact charges are kept as canonical JSON (``charge``); ``epsilon``,
 ``rho`` and ``delta`` are float copies for charts and queries. The mirror holds no data
 values: the ledger and the audit log never contain any.
 
@@ -15,7 +32,7 @@ Only this module of dp_spark.ledger imports pyspark.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Optional
 
 from pyspark.sql import types as T
 
@@ -68,43 +85,178 @@ def _float(charge: Any, name: str):
     return None if v is None else float(v)
 
 
-def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str) -> tuple[int, int]:
-    """Overwrite the Delta tables at ``ledger_path`` and ``audit_path`` with every ledger
-    entry and audit row (verified first: a tampered ledger is not mirrored).
+def _entry_row(e, now: datetime) -> tuple:
+    return (e.budget_id, e.seq, e.release_id, e.release_family, e.state, e.charge.MEASURE,
+            charge_text(e.charge), _float(e.charge, "epsilon"), _float(e.charge, "rho"),
+            _float(e.charge, "delta"), e.principal, e.code_version, e.created_at, e.committed_at,
+            e.lease_expires_at, e.event_json, e.row_hash, now)
+
+
+def _audit_row(a, now: datetime) -> tuple:
+    return (a.seq, a.at, a.principal, a.action, a.spec_name, a.spec_version, a.decision, a.release_id,
+            a.charge_json, a.detail, a.row_hash, now)
+
+
+# the writer option that makes an append conditional (see the module docstring, "Refresh")
+TXN_APP_ID = "dp_spark.ledger_mirror"
+_ATTEMPTS = 4
+
+
+def _version(spark, path: str) -> Optional[int]:
+    """The mirror table's latest Delta version, or None when there is no readable table."""
+    from dp_spark.release.writer import _delta_schema, _fast_snapshot
+
+    snap = _fast_snapshot(spark, path)
+    if snap is not None:
+        return snap.version
+    try:
+        if _delta_schema(spark, path) is None:
+            return None
+        return int(spark.sql("DESCRIBE HISTORY delta.`" + path.replace("`", "``") + "` LIMIT 1").first()["version"])
+    except Exception:
+        return None
+
+
+def _write(spark, rows, schema, path: str, *, append: bool, read_version: Optional[int]) -> bool:
+    """Write ``rows`` (append or overwrite) as ONE commit conditional on the table still being
+    at ``read_version`` for every writer of this module: the commit carries Delta's idempotent
+    transaction (``txnAppId``, ``txnVersion = read_version + 1``), and Delta skips a write whose
+    txnVersion is not above the last one recorded, i.e. a write planned from a version another
+    mirror write has already moved past. Returns whether it was committed."""
+    w = (spark.createDataFrame(rows, schema).coalesce(1).write.format("delta")
+         .option("txnAppId", TXN_APP_ID).option("txnVersion", (-1 if read_version is None else read_version) + 1))
+    pre = _version(spark, path)  # a skipped write commits nothing: the version stays
+    if append:
+        w.mode("append").save(path)
+    else:
+        w.mode("overwrite").option("overwriteSchema", "true").save(path)
+    post = _version(spark, path)
+    return post is not None and post != pre
+
+
+def _overwrite(ledger: Ledger, spark, which: str, path: str, now: datetime) -> int:
+    """Rewrite one mirror table from the (already verified) ledger; retried when another
+    mirror write got in first. Returns the rows written."""
+    for _ in range(_ATTEMPTS):
+        v = _version(spark, path)
+        if which == "entries":
+            rows = [_entry_row(e, now) for e in ledger.entries()]
+            schema = ENTRY_SCHEMA
+        else:
+            rows = [_audit_row(a, now) for a in ledger.audit_rows()]
+            schema = AUDIT_SCHEMA
+        if _write(spark, rows, schema, path, append=False, read_version=v):
+            return len(rows)
+    from dp_spark.errors import ReleaseConflictError
+
+    raise ReleaseConflictError(f"the {which} mirror kept changing concurrently; rerun rebuild-mirror")
+
+
+def _micros(t: datetime) -> int:
+    t = t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+    return round(t.timestamp() * 1_000_000)
+
+
+def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
+    """Append the entries the ledger gained since the mirror's version. The table is rewritten
+    only when it is absent, has another schema, has a gap or duplicate, a watermark is past the
+    ledger's head, or an entry the mirror shows as ``reserved`` has changed since (committed, or
+    its lease renewed): the rare case of a release still running, or crashed and rerun, when the
+    mirror was last refreshed."""
+    from pyspark.sql import functions as F
+
+    for _ in range(_ATTEMPTS):
+        v = _version(spark, path)
+        state = None
+        if v is not None:
+            df = spark.read.format("delta").option("versionAsOf", v).load(path)
+            if [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in ENTRY_SCHEMA.fields]:
+                open_ = F.when(F.col("state") != "committed",
+                               F.struct("release_id", "state", F.unix_micros("lease_expires_at").alias("lease")))
+                state = {r[0]: (int(r[1]), int(r[2]), int(r[3]), list(r[4])) for r in df.groupBy("budget_id").agg(
+                    F.max("seq"), F.count(F.lit(1)), F.countDistinct("seq"), F.collect_list(open_)).collect()}
+        rewrite = state is None or any(not hi == n == nd for hi, n, nd, _ in state.values())
+        if not rewrite:
+            for _, _, _, unsettled in state.values():
+                for rid, st, lease in unsettled:
+                    e = ledger.find(rid)
+                    if e is None or e.state != st or _micros(e.lease_expires_at) != lease:
+                        rewrite = True
+                        break
+        if not rewrite:
+            new, heads = ledger.entries_since({b: st[0] for b, st in state.items()})
+            rewrite = any(b not in heads or st[0] > heads[b] for b, st in state.items())
+        if rewrite:
+            ledger.verify()
+            return _overwrite(ledger, spark, "entries", path, now)
+        if not new:
+            return 0
+        if _write(spark, [_entry_row(e, now) for e in new], ENTRY_SCHEMA, path, append=True, read_version=v):
+            return len(new)
+    return 0  # other mirror writes kept getting in first: each of them brought the table up to date
+
+
+def _refresh_audit(ledger: Ledger, spark, path: str, now: datetime) -> int:
+    """Append the audit rows the ledger gained since the mirror's version (rewrite as above
+    when the table is absent, of another schema, or has a gap or duplicate)."""
+    from pyspark.sql import functions as F
+
+    for _ in range(_ATTEMPTS):
+        v = _version(spark, path)
+        hi = n = None
+        if v is not None:
+            df = spark.read.format("delta").option("versionAsOf", v).load(path)
+            if [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in AUDIT_SCHEMA.fields]:
+                r = df.agg(F.max("seq"), F.count(F.lit(1)), F.countDistinct("seq")).first()
+                hi, n = int(r[0] or 0), int(r[1])
+                if int(r[2]) != n:
+                    hi = None  # a duplicated row
+        if hi is None or hi != n:
+            ledger.verify()
+            return _overwrite(ledger, spark, "audit", path, now)
+        new, head = ledger.audit_rows_since(hi)
+        if hi > head:
+            ledger.verify()
+            return _overwrite(ledger, spark, "audit", path, now)
+        if not new:
+            return 0
+        if _write(spark, [_audit_row(a, now) for a in new], AUDIT_SCHEMA, path, append=True, read_version=v):
+            return len(new)
+    return 0
+
+
+def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str,
+                    full: bool = False) -> tuple[int, int]:
+    """Bring the Delta tables at ``ledger_path`` and ``audit_path`` up to date with the ledger.
+
+    By default (the engine after each job's releases) the cost is proportional to what changed:
+    the new entries and audit rows are verified against their chains' MAC'd heads and appended;
+    a table is rewritten only when it must be (see :func:`_refresh_entries`). ``full=True``
+    (``rebuild-mirror``) verifies the whole ledger and rewrites both tables.
 
     Returns (entries written, audit rows written).
     """
-    ledger.verify()
     now = datetime.now(timezone.utc)
-    entries = [
-        (
-            e.budget_id, e.seq, e.release_id, e.release_family, e.state, e.charge.MEASURE,
-            charge_text(e.charge), _float(e.charge, "epsilon"), _float(e.charge, "rho"),
-            _float(e.charge, "delta"), e.principal, e.code_version, e.created_at, e.committed_at,
-            e.lease_expires_at, e.event_json, e.row_hash, now,
-        )
-        for e in ledger.entries()
-    ]
-    audit = [
-        (a.seq, a.at, a.principal, a.action, a.spec_name, a.spec_version, a.decision, a.release_id,
-         a.charge_json, a.detail, a.row_hash, now)
-        for a in ledger.audit_rows()
-    ]
+    if full:
+        ledger.verify()
 
-    def overwrite(rows, schema, path) -> None:
-        (
-            spark.createDataFrame(rows, schema)
-            .coalesce(1)
-            .write.format("delta")
-            .mode("overwrite")
-            .option("overwriteSchema", "true")
-            .save(path)
-        )
+        def audit() -> int:
+            return _overwrite(ledger, spark, "audit", audit_path, now)
+
+        def entries() -> int:
+            return _overwrite(ledger, spark, "entries", ledger_path, now)
+    else:
+        def audit() -> int:
+            return _refresh_audit(ledger, spark, audit_path, now)
+
+        def entries() -> int:
+            return _refresh_entries(ledger, spark, ledger_path, now)
 
     # two independent tables: the audit mirror is written in a second thread meanwhile
-    with alongside(overwrite, audit, AUDIT_SCHEMA, audit_path, name="dp_spark-audit-mirror"):
-        overwrite(entries, ENTRY_SCHEMA, ledger_path)
-    return len(entries), len(audit)
+    out: list[int] = []
+    with alongside(lambda: out.append(audit()), name="dp_spark-audit-mirror"):
+        n_entries = entries()
+    return n_entries, out[0]
 
 
 def _replace_damaged(spark, path: str) -> bool:
@@ -157,7 +309,7 @@ def rebuild_mirror(env, *, spark=None, ledger: Ledger | None = None) -> tuple[in
         ledger.verify()  # before touching the mirror: a tampered ledger is not mirrored
         replaced = [p for p in (env.ledger_mirror, env.audit_mirror) if _replace_damaged(spark, p)]
         n_entries, n_audit = mirror_to_delta(ledger, spark, ledger_path=env.ledger_mirror,
-                                             audit_path=env.audit_mirror)
+                                             audit_path=env.audit_mirror, full=True)
         return n_entries, n_audit, replaced
     finally:
         if own:

@@ -347,7 +347,9 @@ def test_mirror_to_delta(ledger, policy, spark, tmp_path):
     lpath, apath = str(tmp_path / "ledger_mirror"), str(tmp_path / "audit_mirror")
     assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (2, 1)
     reserve(ledger, "r3", ZCDP("0.25"))
-    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (3, 1)  # overwrite
+    # a refresh copies what changed: the new entry only (r2, still reserved, is unchanged)
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (1, 0)
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (0, 0)
     df = spark.read.format("delta").load(lpath)
     rows = {r["release_id"]: r for r in df.collect()}
     assert set(rows) == {"r1", "r2", "r3"}
@@ -356,6 +358,35 @@ def test_mirror_to_delta(ledger, policy, spark, tmp_path):
     assert rows["r1"]["epsilon"] is None and rows["r1"]["seq"] == 1
     audit = spark.read.format("delta").load(apath).collect()
     assert [(a["seq"], a["decision"]) for a in audit] == [(1, "published")]
+    # r2 settles: the row the mirror shows as reserved changed, so the table is rewritten
+    ledger.commit("r2", "owner-1")
+    ledger.append_audit("alice", "publish:official", "dau", "v1", "published", "r2", ZCDP("0.25"), None)
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (3, 1)
+    rows = {r["release_id"]: r["state"] for r in spark.read.format("delta").load(lpath).collect()}
+    assert rows == {"r1": "committed", "r2": "committed", "r3": "reserved"}
+    assert [a["seq"] for a in spark.read.format("delta").load(apath).orderBy("seq").collect()] == [1, 2]
+
+
+# -- what changed since a watermark (the mirror's incremental refresh) -------------------
+def test_entries_since_and_audit_rows_since(ledger, policy):
+    ledger.register_budget(policy("b", cap=10))
+    ledger.register_budget(policy("c", cap=10))
+    for i in range(1, 6):
+        reserve(ledger, f"b{i}", PureDP("0.1"))
+    reserve(ledger, "c1", PureDP("0.1"), budget="c")
+    for i in range(3):
+        ledger.append_audit("alice", "publish", "dau", "v1", "published", f"b{i + 1}", None, None)
+    new, heads = ledger.entries_since({"b": 3})
+    assert heads == {"b": 5, "c": 1}
+    assert [(e.budget_id, e.seq) for e in new] == [("b", 4), ("b", 5), ("c", 1)]
+    assert ledger.entries_since({"b": 5, "c": 1}) == ([], {"b": 5, "c": 1})
+    assert [e.release_id for e in ledger.entries_since({})[0]] == ["b1", "b2", "b3", "b4", "b5", "c1"]
+    assert ledger.entries_since({"b": 9})[1]["b"] == 5  # past the head: nothing, and the head tells
+    rows, head = ledger.audit_rows_since(1)
+    assert head == 3 and [a.seq for a in rows] == [2, 3]
+    assert ledger.audit_rows_since(3) == ([], 3) and [a.seq for a in ledger.audit_rows_since(0)[0]] == [1, 2, 3]
+    with pytest.raises(LedgerError):
+        ledger.audit_rows_since(-1)
 
 
 # -- policy history (issue 13, item 15) --------------------------------------------------
@@ -391,3 +422,19 @@ def test_policy_history_records_registration_and_accepted_changes(ledger, policy
     assert detail["budget_id"] == "b" and detail["to"] == policy_hash(p2) and detail["from"] == policy_hash(p1)
     ledger.verify()
     ledger.verify("b")
+
+
+# -- status(full=False): the O(1) status of a release's result (issue 15) ---------------------
+@pytest.mark.parametrize("window,days", [("none", None), ("daily", None), ("monthly", None), ("rolling", 3)])
+def test_quick_status_equals_the_full_status(ledger, policy, clock, window, days):
+    import random
+
+    rng = random.Random(f"{window}{days}")
+    ledger.register_budget(policy("b", cap=1000, window=window, days=days))
+    for i in range(40):
+        reserve(ledger, f"r{i}", PureDP(f"{rng.randint(1, 9)}/100"))
+        if rng.random() < 0.7:
+            ledger.commit(f"r{i}", "owner-1")
+        clock.advance(hours=rng.choice([1, 5, 13, 30]))
+        for probe in (clock.now, clock.now + timedelta(hours=7)):
+            assert ledger.status("b", probe, full=False) == ledger.status("b", probe), (i, probe)

@@ -240,6 +240,26 @@ def test_tampered_rows_are_detected_and_reserve_refuses(ledger_factory, ledger, 
     assert rows == []  # nothing was appended
 
 
+def test_incremental_reads_verify_what_they_return(ledger_factory, ledger, policy):
+    """``entries_since`` / ``audit_rows_since`` (the mirror's refresh) check the rows they
+    return and their link to the watermark row; an edit to an older row is left to verify()."""
+    _seed(ledger, policy)  # entries r1 (seq 1), r2 (seq 2); audit row 1
+    ledger.append_audit("alice", "publish", "dau", "v1", "published", "r2", None, None)
+    ledger_factory.drop_guards()
+    ledger_factory.raw("UPDATE dp_entries SET owner_token = 'mallory' WHERE seq = 2")
+    ledger_factory.raw("UPDATE dp_audit SET decision = 'refused' WHERE seq = 2")
+    with pytest.raises(LedgerIntegrityError, match="seq 2"):
+        ledger.entries_since({"b": 1})
+    with pytest.raises(LedgerIntegrityError, match="audit seq 2"):
+        ledger.audit_rows_since(1)
+    assert ledger.entries_since({"b": 2})[0] == []  # past the edit: not read here...
+    with pytest.raises(LedgerIntegrityError):
+        ledger.verify()  # ...and found by the full check
+    ledger_factory.raw("DELETE FROM dp_audit WHERE seq = 2")
+    with pytest.raises(LedgerIntegrityError, match="audit chain head"):
+        ledger.audit_rows_since(1)
+
+
 def test_tampered_audit_row_is_detected(ledger_factory, ledger, policy):
     _seed(ledger, policy)
     ledger_factory.drop_guards()

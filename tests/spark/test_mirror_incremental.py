@@ -1,0 +1,161 @@
+"""The ledger's Delta mirror is refreshed with what changed (issue 15, item 2).
+
+A refresh appends the new entries and audit rows (verified against their chains' heads) in one
+conditional commit per table; it rewrites a table only when it must. These tests check that the
+tables always equal a full rebuild, that a steady-state refresh writes only the new rows, that
+a write planned from a version another refresh has moved past is skipped (no duplicate), and
+that a damaged mirror or a tampered new ledger row is handled.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import pytest
+
+from dp_spark.budget import ZCDP
+from dp_spark.errors import LedgerIntegrityError
+from dp_spark.ledger import open_ledger
+from dp_spark.ledger.mirror import AUDIT_SCHEMA, ENTRY_SCHEMA, _audit_row, _version, _write, mirror_to_delta
+from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy
+
+pytestmark = pytest.mark.spark
+
+KEY = b"mirror test key, not a secret...."
+
+
+def _policy(bid: str) -> BudgetPolicy:
+    return BudgetPolicy(budget_id=bid, dataset=f"ds_{bid}", privacy_unit="user", measure="zcdp",
+                        cap=ZCDP(1000), statement_delta=Fraction(1, 10**7),
+                        window=WindowPolicy("none", None))
+
+
+def _reserve(led, bid: str, rid: str, owner: str = "o"):
+    return led.reserve(bid, rid, ZCDP("1/100"), "{}", principal="alice", code_version="v1",
+                       release_family="fam", owner_token=owner)
+
+
+def _table(spark, path: str, schema) -> list[tuple]:
+    cols = [f.name for f in schema.fields if f.name != "mirrored_at"]
+    return sorted(tuple(r) for r in spark.read.format("delta").load(path).select(*cols).collect())
+
+
+def _ops(spark, path: str) -> list[tuple[str, str, int]]:
+    """(operation, mode, rows written) of each commit of a Delta table, oldest first."""
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    return [(r["operation"], (r["operationParameters"] or {}).get("mode", ""),
+             int((r["operationMetrics"] or {}).get("numOutputRows", -1))) for r in rows]
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with open_ledger(f"sqlite:{tmp_path / 'ledger.db'}", key=KEY) as led:
+        led.register_budget(_policy("a"))
+        led.register_budget(_policy("b"))
+        yield led
+
+
+def test_refresh_equals_a_full_rebuild_and_appends_only_new_rows(spark, tmp_path, ledger):
+    rng = random.Random(15)
+    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
+    rpath, rapath = str(tmp_path / "rebuilt_lm"), str(tmp_path / "rebuilt_am")
+    open_reservations: list[str] = []
+    for step in range(12):
+        # a job's releases: reserve and commit (now and then a reservation left open, later
+        # committed, as a crashed run's rerun does), audit rows
+        for i in range(rng.randint(0, 3)):
+            rid = f"r{step}_{i}"
+            _reserve(ledger, rng.choice("ab"), rid)
+            if rng.random() < 0.2:
+                open_reservations.append(rid)
+            else:
+                ledger.commit(rid, "o")
+            ledger.append_audit("alice", "publish:official", "s", "v", "published", rid, None, None)
+        if open_reservations and rng.random() < 0.3:
+            ledger.commit(open_reservations.pop(0), "o")
+        mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+        mirror_to_delta(ledger, spark, ledger_path=rpath, audit_path=rapath, full=True)
+        assert _table(spark, lpath, ENTRY_SCHEMA) == _table(spark, rpath, ENTRY_SCHEMA), step
+        assert _table(spark, apath, AUDIT_SCHEMA) == _table(spark, rapath, AUDIT_SCHEMA), step
+
+    # steady state: one new committed entry and one audit row -> one append of one row each
+    while open_reservations:  # settle what is open first, so the next refresh is a pure append
+        ledger.commit(open_reservations.pop(), "o")
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    _reserve(ledger, "b", "last2")
+    ledger.commit("last2", "o")
+    ledger.append_audit("alice", "publish:official", "s", "v", "published", "last2", None, None)
+    n_l, n_a = len(_ops(spark, lpath)), len(_ops(spark, apath))
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (1, 1)
+    assert _ops(spark, lpath)[n_l:] == [("WRITE", "Append", 1)]
+    assert _ops(spark, apath)[n_a:] == [("WRITE", "Append", 1)]
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (0, 0)  # nothing new
+    assert len(_ops(spark, lpath)) == n_l + 1 and len(_ops(spark, apath)) == n_a + 1  # no commit
+    ledger.verify()
+
+
+def test_a_write_planned_from_an_old_version_is_skipped(spark, tmp_path, ledger):
+    apath = str(tmp_path / "am")
+    lpath = str(tmp_path / "lm")
+    ledger.append_audit("alice", "a", None, None, "ok", None, None, None)
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    v = _version(spark, apath)
+    row = ledger.append_audit("alice", "a", None, None, "ok", None, None, None)
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc)
+    # two refreshes planned from version v: the first appends, the second is skipped
+    assert _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v)
+    assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v)
+    assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v - 1)
+    seqs = [r["seq"] for r in spark.read.format("delta").load(apath).collect()]
+    assert sorted(seqs) == [1, 2]
+    # the same append without the conditional options would have duplicated the row: the
+    # options are what protect the table (this is the race two concurrent refreshes run)
+    spark.createDataFrame([_audit_row(row, now)], AUDIT_SCHEMA).write.format("delta").mode("append").save(apath)
+    assert sorted(r["seq"] for r in spark.read.format("delta").load(apath).collect()) == [1, 2, 2]
+    # ... and the next refresh sees the duplicate and rewrites the table from the ledger
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)[1] == 2
+    assert sorted(r["seq"] for r in spark.read.format("delta").load(apath).collect()) == [1, 2]
+
+
+def test_a_mirror_edited_or_from_another_ledger_is_rewritten(spark, tmp_path, ledger):
+    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
+    for i in range(3):
+        _reserve(ledger, "a", f"r{i}")
+        ledger.commit(f"r{i}", "o")
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    # a row deleted from the mirror by hand: a gap, so the table is rewritten
+    spark.sql(f"DELETE FROM delta.`{lpath}` WHERE seq = 2")
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)[0] == 3
+    assert sorted(r["seq"] for r in spark.read.format("delta").load(lpath).collect()) == [1, 2, 3]
+    # a mirror of a longer ledger (watermark past this ledger's head): rewritten, not appended to
+    other = open_ledger(f"sqlite:{tmp_path / 'other.db'}", key=KEY)
+    other.register_budget(_policy("a"))
+    _reserve(other, "a", "x1")
+    other.commit("x1", "o")
+    assert mirror_to_delta(other, spark, ledger_path=lpath, audit_path=apath)[0] == 1
+    assert [r["release_id"] for r in spark.read.format("delta").load(lpath).collect()] == ["x1"]
+    other.close()
+
+
+def test_a_tampered_new_entry_is_not_mirrored(spark, tmp_path, ledger):
+    import sqlite3
+
+    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
+    _reserve(ledger, "a", "r0")
+    ledger.commit("r0", "o")
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    _reserve(ledger, "a", "r1")
+    ledger.commit("r1", "o")
+    conn = sqlite3.connect(str(tmp_path / "ledger.db"), isolation_level=None)
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        conn.execute(f'DROP TRIGGER "{name}"')
+    conn.execute("UPDATE dp_entries SET charge = '{\"measure\":\"zcdp\",\"rho\":\"1/1000000\"}' WHERE seq = 2")
+    conn.close()
+    before = _ops(spark, lpath)
+    with pytest.raises(LedgerIntegrityError):
+        mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    assert _ops(spark, lpath) == before
+    assert [r["release_id"] for r in spark.read.format("delta").load(lpath).collect()] == ["r0"]
