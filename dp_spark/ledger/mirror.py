@@ -4,8 +4,8 @@ The SQL store stays the authority: the mirror is copied from it, never read back
 charge.
 
 Refresh (after each job's releases; ``mirror_to_delta``) costs what changed, not the ledger's
-size. For each table it reads the mirror's latest Delta version ``v`` and, at ``v``, the highest
-seq (per budget for entries), the row count and the distinct seqs; it asks the ledger only for
+size. For each table it reads the mirror's latest Delta version ``v`` and then the table's highest
+seq (per budget for entries), row count, and sum and sum of squares of seq (rows 1..max); it asks the ledger only for
 the rows after those watermarks (``entries_since`` / ``audit_rows_since``, which verify the new
 rows, their link to the stored row at the watermark and the MAC'd chain head: O(new rows)) and
 appends them in one commit. An append carries Delta's idempotent-write options
@@ -152,6 +152,30 @@ def _overwrite(ledger: Ledger, spark, which: str, path: str, now: datetime) -> i
     raise ReleaseConflictError(f"the {which} mirror kept changing concurrently; rerun rebuild-mirror")
 
 
+def _read(spark, path: str, schema):
+    """The mirror table's latest state (read AFTER its version ``v`` was taken: anything a
+    refresh plans from it is at least as new as ``v``), or None when its schema is another."""
+    df = spark.read.format("delta").load(path)
+    if [(f.name, f.dataType) for f in df.schema.fields] != [(f.name, f.dataType) for f in schema.fields]:
+        return None
+    return df
+
+
+def _seq_aggs():
+    """max, count, sum and sum of squares of seq: one aggregation (no distinct, which would cost
+    another shuffle). Rows 1..max give exactly these; one row deleted, duplicated or inserted by
+    hand moves the count, the max or the sum."""
+    from pyspark.sql import functions as F
+
+    seq = F.col("seq").cast("decimal(38,0)")
+    return [F.max("seq"), F.count(F.lit(1)), F.sum(seq), F.sum(seq * seq)]
+
+
+def _whole(hi, n, s1, s2) -> bool:
+    hi, n = int(hi or 0), int(n)
+    return n == hi and int(s1 or 0) == hi * (hi + 1) // 2 and int(s2 or 0) == hi * (hi + 1) * (2 * hi + 1) // 6
+
+
 def _micros(t: datetime) -> int:
     t = t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
     return round(t.timestamp() * 1_000_000)
@@ -169,15 +193,15 @@ def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
         v = _version(spark, path)
         state = None
         if v is not None:
-            df = spark.read.format("delta").option("versionAsOf", v).load(path)
-            if [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in ENTRY_SCHEMA.fields]:
+            df = _read(spark, path, ENTRY_SCHEMA)
+            if df is not None:
                 open_ = F.when(F.col("state") != "committed",
                                F.struct("release_id", "state", F.unix_micros("lease_expires_at").alias("lease")))
-                state = {r[0]: (int(r[1]), int(r[2]), int(r[3]), list(r[4])) for r in df.groupBy("budget_id").agg(
-                    F.max("seq"), F.count(F.lit(1)), F.countDistinct("seq"), F.collect_list(open_)).collect()}
-        rewrite = state is None or any(not hi == n == nd for hi, n, nd, _ in state.values())
+                state = {r[0]: (int(r[1]), _whole(r[1], r[2], r[3], r[4]), list(r[5])) for r in df.groupBy(
+                    "budget_id").agg(*_seq_aggs(), F.collect_list(open_)).collect()}
+        rewrite = state is None or not all(whole for _, whole, _ in state.values())
         if not rewrite:
-            for _, _, _, unsettled in state.values():
+            for _, _, unsettled in state.values():
                 for rid, st, lease in unsettled:
                     e = ledger.find(rid)
                     if e is None or e.state != st or _micros(e.lease_expires_at) != lease:
@@ -203,15 +227,14 @@ def _refresh_audit(ledger: Ledger, spark, path: str, now: datetime) -> int:
 
     for _ in range(_ATTEMPTS):
         v = _version(spark, path)
-        hi = n = None
+        hi = None
         if v is not None:
-            df = spark.read.format("delta").option("versionAsOf", v).load(path)
-            if [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in AUDIT_SCHEMA.fields]:
-                r = df.agg(F.max("seq"), F.count(F.lit(1)), F.countDistinct("seq")).first()
-                hi, n = int(r[0] or 0), int(r[1])
-                if int(r[2]) != n:
-                    hi = None  # a duplicated row
-        if hi is None or hi != n:
+            df = _read(spark, path, AUDIT_SCHEMA)
+            if df is not None:
+                r = df.agg(*_seq_aggs()).first()
+                if _whole(r[0], r[1], r[2], r[3]):
+                    hi = int(r[0] or 0)
+        if hi is None:
             ledger.verify()
             return _overwrite(ledger, spark, "audit", path, now)
         new, head = ledger.audit_rows_since(hi)
