@@ -4,8 +4,12 @@ The SQL store stays the authority: the mirror is copied from it, never read back
 charge.
 
 Refresh (after each job's releases; ``mirror_to_delta``) costs what changed, not the ledger's
-size. For each table it reads the mirror's latest Delta version ``v`` and then the table's highest
-seq (per budget for entries), row count, and sum and sum of squares of seq (rows 1..max); it asks the ledger only for
+size. For each table it reads the mirror's latest Delta version ``v`` and the table's state: the
+highest seq (per budget for entries) and the entries not settled yet. Each write of this module
+records the state it leaves in its commit (``userMetadata``); when the latest commit is such a
+write, planned from ``v - 1``, that record is the state. Otherwise (the first refresh after any
+other commit) the table is read: highest seq, row count, sum and sum of squares of seq (rows
+1..max). it asks the ledger only for
 the rows after those watermarks (``entries_since`` / ``audit_rows_since``, which verify the new
 rows, their link to the stored row at the watermark and the MAC'd chain head: O(new rows)) and
 appends them in one commit. An append carries Delta's idempotent-write options
@@ -31,6 +35,7 @@ Only this module of dp_spark.ledger imports pyspark.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any, Optional
 
@@ -117,14 +122,48 @@ def _version(spark, path: str) -> Optional[int]:
         return None
 
 
-def _write(spark, rows, schema, path: str, *, append: bool, read_version: Optional[int]) -> bool:
+_META_KEY = "dp_spark_mirror"
+
+
+def _recorded_state(spark, path: str, v: int) -> Optional[Any]:
+    """The state the table's latest commit recorded (``userMetadata``), when that commit is
+    version ``v``, was made by this module and was planned from ``v - 1`` (so nothing else
+    committed in between: the table is exactly as that write left it); otherwise None, and the
+    caller reads the table. Saves the aggregation over the table on every refresh but the first
+    after someone else's commit."""
+    try:
+        local = path[len("file:"):] if path.startswith("file:") else path
+        if "://" not in local:  # a local table: its commit file, read directly (no Spark command)
+            import os
+
+            commit = os.path.join(local, "_delta_log", f"{v:020d}.json")
+            info = next((json.loads(line)["commitInfo"] for line in open(commit, encoding="utf-8")
+                         if line.startswith('{"commitInfo"')), {})
+            text = info.get("userMetadata")
+        else:
+            r = spark.sql("DESCRIBE HISTORY delta.`" + path.replace("`", "``") + "` LIMIT 1").first()
+            if r is None or int(r["version"]) != v:
+                return None
+            text = r["userMetadata"]
+        meta = json.loads(text or "null")
+        if not isinstance(meta, dict) or meta.get(_META_KEY) != 1 or meta.get("from") != v - 1:
+            return None
+        return meta["state"]
+    except Exception:
+        return None
+
+
+def _write(spark, rows, schema, path: str, *, append: bool, read_version: Optional[int], state: Any) -> bool:
     """Write ``rows`` (append or overwrite) as ONE commit conditional on the table still being
     at ``read_version`` for every writer of this module: the commit carries Delta's idempotent
     transaction (``txnAppId``, ``txnVersion = read_version + 1``), and Delta skips a write whose
     txnVersion is not above the last one recorded, i.e. a write planned from a version another
-    mirror write has already moved past. Returns whether it was committed."""
+    mirror write has already moved past. The commit records ``state``, what the table holds
+    after it (see :func:`_recorded_state`). Returns whether it was committed."""
+    before = -1 if read_version is None else read_version
     w = (spark.createDataFrame(rows, schema).coalesce(1).write.format("delta")
-         .option("txnAppId", TXN_APP_ID).option("txnVersion", (-1 if read_version is None else read_version) + 1))
+         .option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
+         .option("userMetadata", json.dumps({_META_KEY: 1, "from": before, "state": state}, sort_keys=True)))
     pre = _version(spark, path)  # a skipped write commits nothing: the version stays
     if append:
         w.mode("append").save(path)
@@ -140,12 +179,14 @@ def _overwrite(ledger: Ledger, spark, which: str, path: str, now: datetime) -> i
     for _ in range(_ATTEMPTS):
         v = _version(spark, path)
         if which == "entries":
-            rows = [_entry_row(e, now) for e in ledger.entries()]
-            schema = ENTRY_SCHEMA
+            entries = ledger.entries()
+            rows, schema = [_entry_row(e, now) for e in entries], ENTRY_SCHEMA
+            state = _entries_state({}, [], entries)
         else:
-            rows = [_audit_row(a, now) for a in ledger.audit_rows()]
-            schema = AUDIT_SCHEMA
-        if _write(spark, rows, schema, path, append=False, read_version=v):
+            audit = ledger.audit_rows()
+            rows, schema = [_audit_row(a, now) for a in audit], AUDIT_SCHEMA
+            state = {"hi": max((a.seq for a in audit), default=0)}
+        if _write(spark, rows, schema, path, append=False, read_version=v, state=state):
             return len(rows)
     from dp_spark.errors import ReleaseConflictError
 
@@ -181,6 +222,18 @@ def _micros(t: datetime) -> int:
     return round(t.timestamp() * 1_000_000)
 
 
+def _entries_state(hi: dict, open_: list, added) -> dict:
+    """The entries table's state after appending ``added`` to a table of watermarks ``hi`` and
+    unsettled rows ``open_`` ((budget, release id, state, lease micros)): what a commit records."""
+    hi = dict(hi)
+    open_ = [list(o) for o in open_]
+    for e in added:
+        hi[e.budget_id] = max(hi.get(e.budget_id, 0), e.seq)
+        if e.state != "committed":
+            open_.append([e.budget_id, e.release_id, e.state, _micros(e.lease_expires_at)])
+    return {"hi": hi, "open": open_}
+
+
 def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
     """Append the entries the ledger gained since the mirror's version. The table is rewritten
     only when it is absent, has another schema, has a gap or duplicate, a watermark is past the
@@ -192,7 +245,11 @@ def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
     for _ in range(_ATTEMPTS):
         v = _version(spark, path)
         state = None
-        if v is not None:
+        rec = None if v is None else _recorded_state(spark, path, v)
+        if rec is not None:
+            state = {b: (int(hi), True, [tuple(o[1:]) for o in rec["open"] if o[0] == b])
+                     for b, hi in rec["hi"].items()}
+        elif v is not None:
             df = _read(spark, path, ENTRY_SCHEMA)
             if df is not None:
                 open_ = F.when(F.col("state") != "committed",
@@ -215,7 +272,10 @@ def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
             return _overwrite(ledger, spark, "entries", path, now)
         if not new:
             return 0
-        if _write(spark, [_entry_row(e, now) for e in new], ENTRY_SCHEMA, path, append=True, read_version=v):
+        after = _entries_state({b: st[0] for b, st in state.items()},
+                               [(b, *o) for b, st in state.items() for o in st[2]], new)
+        if _write(spark, [_entry_row(e, now) for e in new], ENTRY_SCHEMA, path, append=True, read_version=v,
+                  state=after):
             return len(new)
     return 0  # other mirror writes kept getting in first: each of them brought the table up to date
 
@@ -228,7 +288,10 @@ def _refresh_audit(ledger: Ledger, spark, path: str, now: datetime) -> int:
     for _ in range(_ATTEMPTS):
         v = _version(spark, path)
         hi = None
-        if v is not None:
+        rec = None if v is None else _recorded_state(spark, path, v)
+        if rec is not None:
+            hi = int(rec["hi"])
+        elif v is not None:
             df = _read(spark, path, AUDIT_SCHEMA)
             if df is not None:
                 r = df.agg(*_seq_aggs()).first()
@@ -243,7 +306,8 @@ def _refresh_audit(ledger: Ledger, spark, path: str, now: datetime) -> int:
             return _overwrite(ledger, spark, "audit", path, now)
         if not new:
             return 0
-        if _write(spark, [_audit_row(a, now) for a in new], AUDIT_SCHEMA, path, append=True, read_version=v):
+        if _write(spark, [_audit_row(a, now) for a in new], AUDIT_SCHEMA, path, append=True, read_version=v,
+                  state={"hi": max(a.seq for a in new)}):
             return len(new)
     return 0
 

@@ -106,9 +106,11 @@ def test_a_write_planned_from_an_old_version_is_skipped(spark, tmp_path, ledger)
 
     now = datetime.now(timezone.utc)
     # two refreshes planned from version v: the first appends, the second is skipped
-    assert _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v)
-    assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v)
-    assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v - 1)
+    two = {"hi": 2}
+    assert _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v, state=two)
+    assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v, state=two)
+    assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v - 1,
+                      state=two)
     seqs = [r["seq"] for r in spark.read.format("delta").load(apath).collect()]
     assert sorted(seqs) == [1, 2]
     # the same append without the conditional options would have duplicated the row: the
@@ -159,3 +161,33 @@ def test_a_tampered_new_entry_is_not_mirrored(spark, tmp_path, ledger):
         mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
     assert _ops(spark, lpath) == before
     assert [r["release_id"] for r in spark.read.format("delta").load(lpath).collect()] == ["r0"]
+
+
+def test_a_refresh_after_its_own_write_reads_the_recorded_state_not_the_table(spark, tmp_path, ledger,
+                                                                              monkeypatch):
+    import dp_spark.ledger.mirror as mirror
+
+    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
+    _reserve(ledger, "a", "r0")  # left reserved: the recorded state carries it
+    ledger.append_audit("alice", "a", None, None, "ok", None, None, None)
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    reads: list[str] = []
+    real = mirror._read
+    monkeypatch.setattr(mirror, "_read", lambda s, p, schema: reads.append(p) or real(s, p, schema))
+    for i in range(1, 3):
+        _reserve(ledger, "b", f"r{i}")
+        ledger.commit(f"r{i}", "o")
+        ledger.append_audit("alice", "a", None, None, "ok", None, None, None)
+        assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (1, 1)
+    assert reads == []  # each refresh planned from the state the previous write recorded
+    ledger.commit("r0", "o")  # the reservation the record lists settles: the table is rewritten
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (3, 0)
+    # someone else's commit (a compaction) comes between: the next refresh reads the table
+    spark.sql(f"OPTIMIZE delta.`{apath}`")
+    ledger.append_audit("alice", "a", None, None, "ok", None, None, None)
+    assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath) == (0, 1)
+    assert reads == [apath]
+    rpath, rapath = str(tmp_path / "rebuilt_lm"), str(tmp_path / "rebuilt_am")
+    mirror_to_delta(ledger, spark, ledger_path=rpath, audit_path=rapath, full=True)
+    assert _table(spark, lpath, ENTRY_SCHEMA) == _table(spark, rpath, ENTRY_SCHEMA)
+    assert [r["seq"] for r in spark.read.format("delta").load(apath).orderBy("seq").collect()] == [1, 2, 3, 4]
