@@ -9,20 +9,24 @@ highest seq (per budget for entries) and the entries not settled yet. Each write
 records the state it leaves in its commit (``userMetadata``); when the latest commit is such a
 write, planned from ``v - 1``, that record is the state. Otherwise (the first refresh after any
 other commit) the table is read: highest seq, row count, sum and sum of squares of seq (rows
-1..max). it asks the ledger only for
-the rows after those watermarks (``entries_since`` / ``audit_rows_since``, which verify the new
-rows, their link to the stored row at the watermark and the MAC'd chain head: O(new rows)) and
-appends them in one commit. An append carries Delta's idempotent-write options
-(``txnAppId = dp_spark.ledger_mirror``, ``txnVersion = v + 1``): Delta skips a write whose
-txnVersion is not above the last recorded one, so of two refreshes planned from the same
-version only the first appends, and a refresh planned before another one committed appends
-nothing (it then re-plans from the new version). A table is rewritten whole (after a full
-``verify()``) only when it must be: it is absent or of another schema, it shows a gap or a
-duplicate, a budget's watermark is past the ledger's head (another ledger's mirror), or an entry
-it shows as ``reserved`` has changed since (committed, or its lease renewed: a release that was
-still running, or crashed and was rerun, when the mirror was last refreshed; each such entry is
-one O(1) ledger lookup per refresh). Both tables stay one row per ledger row. An edit to an OLD ledger row is not seen by a refresh (it reads
-only new rows): ``dp-spark budget verify`` and ``rebuild-mirror`` (``full=True``) check everything. Exact charges are kept as canonical JSON (``charge``); ``epsilon``,
+1..max). The refresh then asks the ledger only for the rows after those watermarks
+(``entries_since`` / ``audit_rows_since``, which verify the new rows, their link to the stored
+row at the watermark and the MAC'd chain head: O(new rows)) and appends them in one commit.
+
+An append carries Delta's idempotent-write options (``txnAppId = dp_spark.ledger_mirror``,
+``txnVersion = v + 1``): Delta skips a write whose txnVersion is not above the last recorded
+one, so of two refreshes planned from the same version only the first appends, and a refresh
+planned before another one committed appends nothing (it then re-plans from the new version).
+
+A table is rewritten whole (after a full ``verify()``) only when it must be: it is absent or of
+another schema, it shows a gap or a duplicate, a budget's watermark is past the ledger's head
+(another ledger's mirror), or an entry it shows as ``reserved`` has changed since (committed, or
+its lease renewed: a release that was still running, or crashed and was rerun, when the mirror
+was last refreshed; each such entry is one O(1) ledger lookup per refresh). Both tables stay one
+row per ledger row. An edit to an OLD ledger row is not seen by a refresh (it reads only new
+rows): ``dp-spark budget verify`` and ``rebuild-mirror`` (``full=True``) check everything.
+
+Exact charges are kept as canonical JSON (``charge``); ``epsilon``,
 ``rho`` and ``delta`` are float copies for charts and queries. The mirror holds no data
 values: the ledger and the audit log never contain any.
 
