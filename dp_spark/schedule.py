@@ -180,7 +180,7 @@ def day_spec(spec: ReleaseSpec, day: date) -> ReleaseSpec:
 def budget_window(engine, budget_id: str) -> Optional[BudgetWindow]:
     """The budget's window state from the ledger (None when the budget is not registered yet)."""
     try:
-        st = engine.ledger.status(budget_id)
+        st = engine.ledger.status(budget_id, full=False)  # O(1): the job path
     except DpSparkError:
         return None
     policy = getattr(engine, "policies", {}).get(budget_id)
