@@ -1160,6 +1160,16 @@ class SqlLedger(Ledger):
         self._raise_problems(problems)
         return {e.release_id: e for e in entries}
 
+    def _after_watermark(self, rows: Sequence[tuple], w: int, seq_i: int, hash_i: int,
+                         where: str) -> tuple[str, Sequence[tuple]]:
+        """``rows`` (seq >= max(w, 1), in order) split into the stored hash of row ``w`` (the
+        link the next row must chain from; the genesis when ``w`` is 0) and the rows after it."""
+        if w < 1:
+            return GENESIS, rows
+        if not rows or int(rows[0][seq_i]) != w:
+            self._raise_problems([f"{where} {w}: missing (rows deleted outside the ledger)"])
+        return str(rows[0][hash_i]), rows[1:]
+
     def _verified_entry(self, cur: _Cursor, b: _BudgetRow, r: tuple) -> LedgerEntry:
         """Verify one entry row of budget ``b`` (its row hash, linked to the stored hash of the
         entry before it, and its state MAC) without reading the rest of the chain."""
@@ -1365,12 +1375,7 @@ class SqlLedger(Ledger):
                     continue
                 rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? AND seq >= ? AND seq <= ? "
                              "ORDER BY seq", (bid, max(w, 1), b.head_seq))
-                if w >= 1:
-                    if not rows or int(rows[0][1]) != w:
-                        self._raise_problems([f"budget {bid!r} seq {w}: missing (rows deleted outside the ledger)"])
-                    prev, body = str(rows[0][13]), rows[1:]
-                else:
-                    prev, body = GENESIS, rows
+                prev, body = self._after_watermark(rows, w, 1, 13, f"budget {bid!r} seq")
                 problems, entries, last = self._link_problems(b, body, prev, w + 1)
                 if w + len(body) != b.head_seq or last != b.head_hash:
                     problems.append(f"budget {bid!r}: chain head says {b.head_seq} entries but the stored chain "
@@ -1662,12 +1667,7 @@ class SqlLedger(Ledger):
                 return [], seq
             rows = cur.q(f"SELECT {AUDIT_COLS} FROM dp_audit WHERE seq >= ? AND seq <= ? ORDER BY seq",
                          (max(after, 1), seq))
-            if after >= 1:
-                if not rows or int(rows[0][0]) != after:
-                    self._raise_problems([f"audit seq {after}: missing (rows deleted outside the ledger)"])
-                prev, body = str(rows[0][10]), rows[1:]
-            else:
-                prev, body = GENESIS, rows
+            prev, body = self._after_watermark(rows, after, 0, 10, "audit seq")
             problems = []
             for i, r in enumerate(body, start=after + 1):
                 if int(r[0]) != i:
