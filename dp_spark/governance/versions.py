@@ -136,8 +136,14 @@ def ensure_published_table(spark: SparkSession, path: str) -> None:
         spark.sql(f"CREATE TABLE IF NOT EXISTS {_ref(path)} ({cols}) USING DELTA "
                   "TBLPROPERTIES ('delta.isolationLevel' = 'Serializable')")
     except Exception:
-        if not _exists(spark, path):  # a concurrent creator won: fine if it exists now
-            raise
+        # a concurrent creator got there first: its directory can exist a moment before its
+        # first commit (Delta then refuses "location not empty and not a Delta table"), so
+        # wait for the table to appear before giving up
+        deadline = time.monotonic() + 30
+        while not _exists(spark, path):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _rows(spark: SparkSession, path: str, family: Union[str, Sequence[str]]) -> list[dict[str, Any]]:

@@ -169,10 +169,18 @@ def _write(spark, rows, schema, path: str, *, append: bool, read_version: Option
          .option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
          .option("userMetadata", json.dumps({_META_KEY: 1, "from": before, "state": state}, sort_keys=True)))
     pre = _version(spark, path)  # a skipped write commits nothing: the version stays
-    if append:
-        w.mode("append").save(path)
-    else:
-        w.mode("overwrite").option("overwriteSchema", "true").save(path)
+    try:
+        if append:
+            w.mode("append").save(path)
+        else:
+            w.mode("overwrite").option("overwriteSchema", "true").save(path)
+    except Exception as exc:
+        # another refresh committed (or created the table) at the same time: re-plan
+        text = f"{type(exc).__name__} {exc}"
+        if any(k in text for k in ("Concurrent", "DELTA_CONCURRENT", "PROTOCOL_CHANGED", "ProtocolChanged",
+                                   "METADATA_CHANGED", "MetadataChanged", "NON_EMPTY_LOCATION")):
+            return False
+        raise
     post = _version(spark, path)
     return post is not None and post != pre
 
