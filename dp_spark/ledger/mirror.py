@@ -175,10 +175,9 @@ def _write(spark, rows, schema, path: str, *, append: bool, read_version: Option
         else:
             w.mode("overwrite").option("overwriteSchema", "true").save(path)
     except Exception as exc:
-        # another refresh committed (or created the table) at the same time: re-plan
-        text = f"{type(exc).__name__} {exc}"
-        if any(k in text for k in ("Concurrent", "DELTA_CONCURRENT", "PROTOCOL_CHANGED", "ProtocolChanged",
-                                   "METADATA_CHANGED", "MetadataChanged", "NON_EMPTY_LOCATION")):
+        from dp_spark.release.writer import is_concurrent_change
+
+        if is_concurrent_change(exc):  # another refresh committed (or created the table) meanwhile: re-plan
             return False
         raise
     post = _version(spark, path)
@@ -246,6 +245,35 @@ def _entries_state(hi: dict, open_: list, added) -> dict:
     return {"hi": hi, "open": open_}
 
 
+def _refresh(ledger: Ledger, spark, path: str, now: datetime, which: str, schema, row, *,
+             recorded, scanned, since, after) -> int:
+    """The refresh of one mirror table (``which``: ``entries`` or ``audit``). Take the mirror's
+    version ``v`` and the table's state: ``recorded(rec)`` of the state its latest commit
+    recorded, else ``scanned(df)`` of the table read (None: rewrite it). ``since(state)`` is
+    the ledger's rows after that state (None: rewrite the table); they are appended as
+    ``row(x, now)`` in one commit conditional on ``v`` that records ``after(state, new)``."""
+    for _ in range(_ATTEMPTS):
+        v = _version(spark, path)
+        state = None
+        rec = None if v is None else _recorded_state(spark, path, v)
+        if rec is not None:
+            state = recorded(rec)
+        elif v is not None:
+            df = _read(spark, path, schema)
+            if df is not None:
+                state = scanned(df)
+        new = None if state is None else since(state)
+        if new is None:
+            ledger.verify()
+            return _overwrite(ledger, spark, which, path, now)
+        if not new:
+            return 0
+        if _write(spark, [row(x, now) for x in new], schema, path, append=True, read_version=v,
+                  state=after(state, new)):
+            return len(new)
+    return 0  # other mirror writes kept getting in first: each of them brought the table up to date
+
+
 def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
     """Append the entries the ledger gained since the mirror's version. The table is rewritten
     only when it is absent, has another schema, has a gap or duplicate, a watermark is past the
@@ -254,74 +282,50 @@ def _refresh_entries(ledger: Ledger, spark, path: str, now: datetime) -> int:
     mirror was last refreshed."""
     from pyspark.sql import functions as F
 
-    for _ in range(_ATTEMPTS):
-        v = _version(spark, path)
-        state = None
-        rec = None if v is None else _recorded_state(spark, path, v)
-        if rec is not None:
-            state = {b: (int(hi), True, [tuple(o[1:]) for o in rec["open"] if o[0] == b])
-                     for b, hi in rec["hi"].items()}
-        elif v is not None:
-            df = _read(spark, path, ENTRY_SCHEMA)
-            if df is not None:
-                open_ = F.when(F.col("state") != "committed",
-                               F.struct("release_id", "state", F.unix_micros("lease_expires_at").alias("lease")))
-                state = {r[0]: (int(r[1]), _whole(r[1], r[2], r[3], r[4]), list(r[5])) for r in df.groupBy(
-                    "budget_id").agg(*_seq_aggs(), F.collect_list(open_)).collect()}
-        rewrite = state is None or not all(whole for _, whole, _ in state.values())
-        if not rewrite:
-            for _, _, unsettled in state.values():
-                for rid, st, lease in unsettled:
-                    e = ledger.find(rid)
-                    if e is None or e.state != st or _micros(e.lease_expires_at) != lease:
-                        rewrite = True
-                        break
-        if not rewrite:
-            new, heads = ledger.entries_since({b: st[0] for b, st in state.items()})
-            rewrite = any(b not in heads or st[0] > heads[b] for b, st in state.items())
-        if rewrite:
-            ledger.verify()
-            return _overwrite(ledger, spark, "entries", path, now)
-        if not new:
-            return 0
-        after = _entries_state({b: st[0] for b, st in state.items()},
-                               [(b, *o) for b, st in state.items() for o in st[2]], new)
-        if _write(spark, [_entry_row(e, now) for e in new], ENTRY_SCHEMA, path, append=True, read_version=v,
-                  state=after):
-            return len(new)
-    return 0  # other mirror writes kept getting in first: each of them brought the table up to date
+    # state: budget -> (highest seq, rows 1..highest all there, unsettled (release id, state, lease))
+    def recorded(rec):
+        return {b: (int(hi), True, [tuple(o[1:]) for o in rec["open"] if o[0] == b]) for b, hi in rec["hi"].items()}
+
+    def scanned(df):
+        open_ = F.when(F.col("state") != "committed",
+                       F.struct("release_id", "state", F.unix_micros("lease_expires_at").alias("lease")))
+        return {r[0]: (int(r[1]), _whole(r[1], r[2], r[3], r[4]), list(r[5])) for r in df.groupBy(
+            "budget_id").agg(*_seq_aggs(), F.collect_list(open_)).collect()}
+
+    def since(state):
+        if not all(whole for _, whole, _ in state.values()):
+            return None
+        for _, _, unsettled in state.values():
+            for rid, st, lease in unsettled:
+                e = ledger.find(rid)
+                if e is None or e.state != st or _micros(e.lease_expires_at) != lease:
+                    return None
+        new, heads = ledger.entries_since({b: st[0] for b, st in state.items()})
+        return None if any(b not in heads or st[0] > heads[b] for b, st in state.items()) else new
+
+    def after(state, new):
+        return _entries_state({b: st[0] for b, st in state.items()},
+                              [(b, *o) for b, st in state.items() for o in st[2]], new)
+
+    return _refresh(ledger, spark, path, now, "entries", ENTRY_SCHEMA, _entry_row,
+                    recorded=recorded, scanned=scanned, since=since, after=after)
 
 
 def _refresh_audit(ledger: Ledger, spark, path: str, now: datetime) -> int:
     """Append the audit rows the ledger gained since the mirror's version (rewrite as above
     when the table is absent, of another schema, or has a gap or duplicate)."""
-    from pyspark.sql import functions as F
 
-    for _ in range(_ATTEMPTS):
-        v = _version(spark, path)
-        hi = None
-        rec = None if v is None else _recorded_state(spark, path, v)
-        if rec is not None:
-            hi = int(rec["hi"])
-        elif v is not None:
-            df = _read(spark, path, AUDIT_SCHEMA)
-            if df is not None:
-                r = df.agg(*_seq_aggs()).first()
-                if _whole(r[0], r[1], r[2], r[3]):
-                    hi = int(r[0] or 0)
-        if hi is None:
-            ledger.verify()
-            return _overwrite(ledger, spark, "audit", path, now)
+    def scanned(df):  # state: the highest seq, when rows 1..highest are all there
+        r = df.agg(*_seq_aggs()).first()
+        return int(r[0] or 0) if _whole(r[0], r[1], r[2], r[3]) else None
+
+    def since(hi):
         new, head = ledger.audit_rows_since(hi)
-        if hi > head:
-            ledger.verify()
-            return _overwrite(ledger, spark, "audit", path, now)
-        if not new:
-            return 0
-        if _write(spark, [_audit_row(a, now) for a in new], AUDIT_SCHEMA, path, append=True, read_version=v,
-                  state={"hi": max(a.seq for a in new)}):
-            return len(new)
-    return 0
+        return None if hi > head else new
+
+    return _refresh(ledger, spark, path, now, "audit", AUDIT_SCHEMA, _audit_row,
+                    recorded=lambda rec: int(rec["hi"]), scanned=scanned, since=since,
+                    after=lambda hi, new: {"hi": max(a.seq for a in new)})
 
 
 def mirror_to_delta(ledger: Ledger, spark, *, ledger_path: str, audit_path: str,

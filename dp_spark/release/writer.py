@@ -325,6 +325,24 @@ def _is_concurrent_write(exc: BaseException) -> bool:
     return "ConcurrentTransaction" in text or "DELTA_CONCURRENT_TRANSACTION" in text
 
 
+# what Delta says when another writer committed first or changed the table under a commit
+# (any ``Concurrent...Exception``, ``DELTA_CONCURRENT_*``, a protocol or metadata change) or
+# created the table at the same time (``DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION``)
+_CONCURRENT_MARKERS = ("Concurrent", "DELTA_CONCURRENT", "PROTOCOL_CHANGED", "ProtocolChanged",
+                       "METADATA_CHANGED", "MetadataChanged", "NON_EMPTY_LOCATION")
+
+
+def is_concurrent_change(exc: BaseException) -> bool:
+    """Whether ``exc`` says a Delta commit lost to another writer: a concurrent commit
+    (``ConcurrentAppendException``, ``DELTA_CONCURRENT_*`` ...), a protocol or metadata change
+    made meanwhile (``PROTOCOL_CHANGED``, ``METADATA_CHANGED``), or a table created at the same
+    time (``NON_EMPTY_LOCATION``). The caller re-plans on the table's new state instead of
+    failing. Looks for these markers in the exception's class name and message (which names
+    the Delta exception or error condition); no data is in these texts."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(marker in text for marker in _CONCURRENT_MARKERS)
+
+
 _CELL_FIELDS = ("statistic", "key", "value", "ci_low", "ci_high")
 
 

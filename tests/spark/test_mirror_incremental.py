@@ -191,3 +191,39 @@ def test_a_refresh_after_its_own_write_reads_the_recorded_state_not_the_table(sp
     mirror_to_delta(ledger, spark, ledger_path=rpath, audit_path=rapath, full=True)
     assert _table(spark, lpath, ENTRY_SCHEMA) == _table(spark, rpath, ENTRY_SCHEMA)
     assert [r["seq"] for r in spark.read.format("delta").load(apath).orderBy("seq").collect()] == [1, 2, 3, 4]
+
+
+def _exc(cls_name: str, text: str) -> Exception:
+    """An exception of class ``cls_name`` (as Py4J / Spark Connect name Delta's) saying ``text``."""
+    return type(cls_name, (Exception,), {})(text)
+
+
+@pytest.mark.parametrize("exc, concurrent", [
+    # another writer committed first (classic session: the Java class in the text; Connect: the condition)
+    (_exc("Py4JJavaError", "io.delta.exceptions.ConcurrentAppendException: Files were added"), True),
+    (_exc("ConcurrentDeleteReadException", "This transaction attempted to read one or more files"), True),
+    (_exc("SparkConnectGrpcException", "[DELTA_CONCURRENT_APPEND] Files were added to the root"), True),
+    (_exc("SparkConnectGrpcException", "[DELTA_CONCURRENT_TRANSACTION] This error occurs when"), True),
+    # the protocol or the metadata changed under the commit
+    (_exc("SparkConnectGrpcException", "[DELTA_PROTOCOL_CHANGED] The protocol version has changed"), True),
+    (_exc("ProtocolChangedException", "The protocol version of the Delta table has been changed"), True),
+    (_exc("SparkConnectGrpcException", "[DELTA_METADATA_CHANGED] The metadata of the Delta table changed"), True),
+    (_exc("MetadataChangedException", "The metadata of the Delta table has been changed"), True),
+    # another writer created the table at the same time
+    (_exc("AnalysisException", "[DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION] Cannot create table"), True),
+    # anything else is a real failure, never taken for a race
+    (ValueError("boom"), False),
+    (KeyError("seq"), False),
+    (RuntimeError(""), False),
+    (_exc("AnalysisException", "[PATH_NOT_FOUND] Path does not exist: /tmp/lm"), False),
+    (_exc("AnalysisException", "[DELTA_TABLE_NOT_FOUND] Delta table does not exist"), False),
+    (_exc("Py4JJavaError", "java.io.FileNotFoundException: _delta_log/00000000000000000003.json"), False),
+    (_exc("AnalysisException", "[DELTA_SCHEMA_CHANGED] Detected schema change"), False),
+])
+def test_is_concurrent_change_recognises_delta_races_only(exc, concurrent):
+    from dp_spark.governance.versions import _is_conflict
+    from dp_spark.release.writer import is_concurrent_change
+
+    assert is_concurrent_change(exc) is concurrent
+    if _is_conflict(exc):  # a superset of the versions table's check: switching to it changes nothing
+        assert is_concurrent_change(exc)
