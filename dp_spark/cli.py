@@ -178,7 +178,7 @@ def _run_publish(args: argparse.Namespace) -> int:
             outcomes.append((v.spec, None, _unexpected(exc)))
     finish_error = None
     try:
-        engine.finish()  # versions (one commit), ledger mirror and statements, for what succeeded
+        engine.finish()  # versions (one commit) and statements for what succeeded; mirror started
     except DpSparkError as exc:
         finish_error = str(exc)
     except Exception as exc:  # noqa: BLE001
@@ -190,6 +190,7 @@ def _run_publish(args: argparse.Namespace) -> int:
         else:
             print_failure(spec, error)
             _error(f"{spec.name}: {error}")
+    engine.close()  # the ledger's Delta mirror, refreshed in the background, has caught up
     failed = sum(1 for _, result, _ in outcomes if result is None)
     if finish_error is not None:
         _error(f"versioning the batch failed: {finish_error}; the releases above are "
@@ -656,7 +657,10 @@ def _run_refresh(args: argparse.Namespace, *, engine=None, parser: Optional[argp
                                     on_day=lambda r: print(format_day(r), flush=True))
         finally:
             if owned:
-                engine.finish()
+                try:
+                    engine.finish()
+                finally:
+                    engine.close()  # wait for the ledger mirror's background refresh
     except DpSparkError as exc:
         _error(str(exc))
         return 2

@@ -10,7 +10,8 @@
       -> driver: noise (one draw per cell), post-processing, intervals
       -> Delta append insert-if-absent by release_id (idempotent write) -> ledger commit
       -> audit
-      -> versions, Delta mirror, statement (now, or at finish() in a batch)
+      -> versions, statement (now, or at finish() in a batch)
+      -> Delta mirror of the ledger: in a background thread (Engine.close() waits for it)
 
 Noisy values stay in driver memory until the Delta write has committed: they are never
 logged or printed before. The log lines name stages, counts of cells and ids only.
@@ -18,12 +19,14 @@ logged or printed before. The log lines name stages, counts of cells and ids onl
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import secrets
 import time
 import uuid
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from dp_spark import __version__
 from dp_spark.accountant import Accountant
-from dp_spark.background import alongside
+from dp_spark.background import Coalescing, alongside
 from dp_spark.budget import Budget, PureDP, ZCDP
 from dp_spark.config import EnvConfig, ReleaseSpec, bounds_to_json, load_release_spec
 from dp_spark.errors import (
@@ -52,6 +55,19 @@ from dp_spark.units import Aggregate
 
 log = logging.getLogger("dp_spark.engine")
 CODE_VERSION = __version__
+
+# engines whose ledger mirror may still be refreshing in the background: drained at exit
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+#: how long the interpreter's exit waits for a background mirror refresh (seconds)
+EXIT_WAIT_SECONDS = 600.0
+
+
+def _drain_at_exit() -> None:
+    """Interpreter exit: wait for every engine's background mirror refresh (registered after
+    the Spark session exists, so it runs before PySpark's own exit hooks stop the JVM)."""
+    for engine in list(_LIVE):
+        engine.close(timeout=EXIT_WAIT_SECONDS)
 
 
 # --------------------------------------------------------------------------------------
@@ -386,11 +402,14 @@ class Engine:
     def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
                  principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
                  mode: str = "official", access=None, refresh: str = "each"):
-        """``refresh``: when the version records (``_published``), the Delta mirror of the
-        ledger and the privacy statements are updated: ``"each"`` after every release
-        (default), or ``"deferred"``: once, when :meth:`finish` is called (a job publishing
-        several releases calls it at the end: one versions commit for all of them). The SQL
-        ledger and the release tables are always written before ``publish`` returns."""
+        """``refresh``: when the version records (``_published``) and the privacy statements
+        are updated: ``"each"`` after every release (default), or ``"deferred"``: once, when
+        :meth:`finish` is called (a job publishing several releases calls it at the end: one
+        versions commit for all of them). The SQL ledger and the release tables are always
+        written before ``publish`` returns. The ledger's Delta mirror is refreshed in a
+        background thread after each release (``"each"``) or from :meth:`finish`; call
+        :meth:`close` (or use ``with Engine(...) as engine:``) to wait for it, and close the
+        engine before closing a ``ledger`` you passed in."""
         if mode not in ("official", "exploration"):
             raise ConfigError("mode must be 'official' or 'exploration'")
         if refresh not in ("each", "deferred"):
@@ -401,6 +420,8 @@ class Engine:
         require_trusted_components(mode, env.name, ledger=ledger, source=source, clock=clock, principal=principal)
         self.refresh = refresh
         self._pending_mirror = False
+        # the ledger's Delta mirror is refreshed off the release's critical path (see close())
+        self._mirror_task = Coalescing(self._refresh_mirror, name="dp_spark-mirror")
         self._pending_versions: list[tuple[str, str]] = []  # (family, release id), in order
         self.env = env
         self.policies = load_policies(env.policies)
@@ -420,6 +441,27 @@ class Engine:
         self.access = access if access is not None else access_policy_for_env(env)
         self.clock = clock or (lambda: datetime.now(timezone.utc))
         self.mode = mode
+        _LIVE.add(self)
+        if not _EXIT_HOOK:  # after the session exists: runs before PySpark's exit hooks
+            atexit.register(_drain_at_exit)
+            _EXIT_HOOK.append(True)
+
+    def close(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the ledger's Delta mirror has caught up with this engine's releases.
+
+        The mirror is refreshed in a background thread after each release (``refresh="each"``)
+        or from :meth:`finish` (``"deferred"``), so neither waits for it. Returns False when
+        ``timeout`` (seconds) ran out first. The engine stays usable; the CLI calls this before
+        it exits, and so does the interpreter's exit (``atexit``) for engines not closed.
+        The mirror is derived data: the SQL ledger is the authority, and a refresh that never
+        ran (the process died) is caught up by the next one or ``budget rebuild-mirror``."""
+        return self._mirror_task.wait(timeout)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- helpers ---------------------------------------------------------------------
     def table_path(self, spec: ReleaseSpec) -> str:
@@ -476,23 +518,25 @@ class Engine:
         if self.refresh == "deferred":
             self._pending_mirror = True
             return
-        self._refresh_mirror()
+        self._mirror_task.request()
 
     def finish(self) -> None:
         """Complete what ``refresh="deferred"`` postponed: the version records of the official
-        releases published since the last call (ONE commit for all of them), the ledger mirror,
-        and one privacy statement per family."""
+        releases published since the last call (ONE commit for all of them) and one privacy
+        statement per family; and start the ledger mirror's refresh in the background
+        (:meth:`close` waits for it)."""
         from dp_spark.governance import after_official_releases
 
         pending, self._pending_versions = self._pending_versions, []
-        # the ledger's mirror and the version records are independent tables: write them at
-        # the same time (the mirror never raises; the SQL ledger is its authority)
-        refresh_mirror = self._refresh_mirror if self._pending_mirror else (lambda: None)
-        self._pending_mirror = False
-        with alongside(refresh_mirror, name="dp_spark-mirror"):
-            if pending:
-                after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
-                                        ledger=self.ledger, releases_dir=self.access.releases_dir)
+        # the ledger's mirror and the version records are independent tables: the mirror is
+        # refreshed beside the version records and after this returns (it never raises; the
+        # SQL ledger is its authority)
+        if self._pending_mirror:
+            self._pending_mirror = False
+            self._mirror_task.request()
+        if pending:
+            after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
+                                    ledger=self.ledger, releases_dir=self.access.releases_dir)
 
     def _refresh_mirror(self) -> None:
         try:
@@ -864,5 +908,7 @@ class Engine:
 
 
 def publish(spec: ReleaseSpec, env: EnvConfig, **kwargs) -> ReleaseResult:
-    """One-shot helper: ``Engine(env, **kwargs).publish(spec)``."""
-    return Engine(env, **kwargs).publish(spec)
+    """One-shot helper: ``Engine(env, **kwargs).publish(spec)``, returning once the ledger's
+    mirror has caught up too (the engine is closed)."""
+    with Engine(env, **kwargs) as engine:
+        return engine.publish(spec)

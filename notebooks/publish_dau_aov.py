@@ -125,8 +125,9 @@ import pandas as pd  # noqa: E402
 
 from dp_spark.engine import Engine  # noqa: E402
 
-engine = Engine(env, spark=spark)
-results = [engine.publish(s) for s in specs]
+# leaving the block waits for the ledger's Delta mirror, refreshed in the background
+with Engine(env, spark=spark) as engine:
+    results = [engine.publish(s) for s in specs]
 for r in results:
     print(f"{r.family}: {r.status}, release {r.release_id[:12]}, table {r.table_path}")
 nb.show(pd.DataFrame([{

@@ -27,3 +27,14 @@ def spark():
     session = get_or_create_session("dp_spark-tests", master="local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _engines_drained():
+    """After each test, wait for the ledger mirror refreshes its engines started in the
+    background (``Engine.close``), so that no test's Spark work runs into the next test."""
+    yield
+    engine_mod = sys.modules.get("dp_spark.engine")
+    if engine_mod is not None:
+        for engine in list(engine_mod._LIVE):
+            engine.close(timeout=120)
