@@ -810,7 +810,8 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
     changed them meanwhile (it versioned a release after our read), the statement is rebuilt
     and rewritten. Any run versioning later reads after our write, so the last file written
     reflects every version committed before it (as long as no run dies between its
-    versioning and its statement)."""
+    versioning and its statement). Right after this process's own versioning, ``history``
+    is served from the versions cache (no Spark job); it is never older than the table."""
     from dp_spark.governance.versions import history, table_version
 
     specs = specs_for_family(releases_dir, family)

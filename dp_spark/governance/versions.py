@@ -23,6 +23,14 @@ checks the MERGE's metrics (one row inserted, every current row superseded) and 
 the table only when they differ; a rollback always re-reads. Every read checks the
 invariant, so a log store that lost a commit is detected by the next change or reader.
 
+Reads are cached per process, one entry per path: the rows last read (or written) at the
+table's identity ``(table id, Delta version)`` taken from its log, served again only while
+the identity is unchanged (every commit, RESTORE or OPTIMIZE is a new version; a recreated
+table a new id), and cached only when the identity was the same before and after the read.
+A publication caches its post-state when the table is at exactly the read version + 1 after
+its MERGE (nobody else committed), so the statement then reads no rows; without the log
+(Spark Connect) every read goes to the table.
+
 Rollback keeps the history (rows are never deleted) and refunds NO budget: the withdrawn
 release was published, so whoever read it holds its privacy loss; the ledger keeps its
 charge and the privacy statement lists it under errata. The published view
@@ -34,8 +42,11 @@ Only SQL and DataFrame APIs (no RDD, no JVM access), so this works on Spark Conn
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -146,21 +157,158 @@ def ensure_published_table(spark: SparkSession, path: str) -> None:
             time.sleep(0.5)
 
 
-def _rows(spark: SparkSession, path: str, family: Union[str, Sequence[str]]) -> list[dict[str, Any]]:
-    """The versions of one family (or of several), ordered by (family, version_no).
+# --------------------------------------------------------------------------------------
+# the process-wide cache of the table's rows (see the module docstring)
+# --------------------------------------------------------------------------------------
+CACHED_PATHS = 64  # one entry per path; the least recently used path is dropped beyond this
 
-    One resolution of the table's Delta log and one Spark job: the table is loaded directly
-    (its absence is told apart from a damaged table only when the load fails) and the few rows
-    of these families are sorted here, not by a distributed sort (two more jobs)."""
+_Identity = tuple[str, int]  # (Delta table id, Delta version)
+
+
+@dataclass(frozen=True)
+class _Cached:
+    """Every row of ``families`` in the table at ``identity`` (and no other row)."""
+
+    identity: _Identity
+    families: frozenset[str]
+    rows: tuple[dict[str, Any], ...]
+
+
+_cache: "OrderedDict[str, _Cached]" = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _identity(spark: SparkSession, path: str) -> Optional[_Identity]:
+    """The table's (id, latest Delta version) from its log (no Spark job), or None where that
+    is not available (Spark Connect, no table yet, any failure): then nothing is cached."""
+    from dp_spark.release.writer import _fast_snapshot
+
+    try:
+        snap = _fast_snapshot(spark, path)
+    except Exception:
+        return None
+    return None if snap is None else (snap.table_id, snap.version)
+
+
+def _cached_rows(path: str, identity: Optional[_Identity], families: Sequence[str]) -> Optional[list[dict[str, Any]]]:
+    """Copies of the cached rows of ``families`` when cached for exactly ``identity``."""
+    if identity is None:
+        return None
+    with _cache_lock:
+        entry = _cache.get(path)
+        if entry is None or entry.identity != identity or not entry.families.issuperset(families):
+            return None
+        _cache.move_to_end(path)
+        return [dict(r) for r in entry.rows if r["family"] in families]
+
+
+def _remember(path: str, identity: _Identity, families: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """Cache ``rows`` as every row of ``families`` at ``identity``: replaces the path's entry
+    (rows of other families cached for the same identity are kept)."""
+    fams = frozenset(families)
+    keep: list[dict[str, Any]] = []
+    with _cache_lock:
+        entry = _cache.get(path)
+        if entry is not None and entry.identity == identity:
+            keep = [r for r in entry.rows if r["family"] not in fams]
+            fams = fams | entry.families
+        _cache[path] = _Cached(identity, fams, tuple(keep + [dict(r) for r in rows]))
+        _cache.move_to_end(path)
+        while len(_cache) > CACHED_PATHS:
+            _cache.popitem(last=False)
+
+
+def clear_cache(path: Optional[str] = None) -> None:
+    """Forget the cached rows of ``path`` (of every path by default). Never needed for
+    correctness (an entry is served only at its own table identity): frees memory, and lets
+    a test compare the cache with a fresh read."""
+    with _cache_lock:
+        if path is None:
+            _cache.clear()
+        else:
+            _cache.pop(path, None)
+
+
+def _as_read(t: Optional[datetime]) -> Optional[datetime]:
+    """``t`` as a Spark read of a TIMESTAMP column returns it (through Spark's internal
+    microseconds since the epoch, in the Python process's local time like a collect)."""
+    if t is None:
+        return None
+    ts = T.TimestampType()
+    return ts.fromInternal(ts.toInternal(t))
+
+
+def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (r["family"], r["version_no"]))
+
+
+def _rows(spark: SparkSession, path: str, family: Union[str, Sequence[str]]) -> list[dict[str, Any]]:
+    """The versions of one family (or of several), ordered by (family, version_no)."""
+    return _rows_at(spark, path, family)[0]
+
+
+def _rows_at(spark: SparkSession, path: str,
+             family: Union[str, Sequence[str]]) -> tuple[list[dict[str, Any]], Optional[_Identity]]:
+    """:func:`_rows` and the table identity they are known to be the rows of (None when
+    unknown: no log access, or the table changed during the read).
+
+    Served from the cache when it holds these families at the table's current identity;
+    otherwise one resolution of the table's Delta log and one Spark job: the table is loaded
+    directly (its absence is told apart from a damaged table only when the load fails) and the
+    few rows of these families are sorted here, not by a distributed sort (two more jobs)."""
     families = [family] if isinstance(family, str) else list(family)
+    before = _identity(spark, path)
+    hit = _cached_rows(path, before, families)
+    if hit is not None:
+        return _sorted(hit), before
     try:
         df = spark.read.format("delta").load(path)
         rows = [r.asDict() for r in df.where(F.col("family").isin(families)).collect()]
     except Exception:  # (Spark Connect loads lazily: a missing table fails the collect)
         if not _exists(spark, path):  # no table (yet); a damaged one raises there
-            return []
+            return [], None
         raise
-    return sorted(rows, key=lambda r: (r["family"], r["version_no"]))
+    rows = _sorted(rows)
+    if before is None or _identity(spark, path) != before:
+        return rows, None  # a commit may have landed during the read: these rows are of no known version
+    _remember(path, before, families, rows)
+    return rows, before
+
+
+def _merged(rows: Sequence[dict[str, Any]], changes: Sequence[tuple]) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+    """``rows`` after :func:`_merge` of ``changes`` exactly as its MERGE applies them (each
+    change matched against the rows before it), and (rows inserted, rows updated)."""
+    before = {(r["family"], r["version_no"]): r for r in rows}
+    after = {k: dict(r) for k, r in before.items()}
+    inserted = updated = 0
+    for family, no, release_id, op, expect_state, new_state, reason, principal, at in changes:
+        at = _as_read(at)
+        t = before.get((family, no))
+        if t is not None:
+            if op == "change" and t["state"] == expect_state:
+                after[(family, no)].update(state=new_state, reason=t["reason"] if reason is None else reason,
+                                           changed_by=principal, changed_at=at)
+                updated += 1
+        elif op == "insert":
+            current = new_state == "current"
+            after[(family, no)] = dict(
+                family=family, version_no=no, release_id=release_id, state=new_state, reason=None,
+                principal=principal, at=at, changed_by=None if current else principal,
+                changed_at=None if current else at)
+            inserted += 1
+    return _sorted(list(after.values())), (inserted, updated)
+
+
+def _remember_merge(spark: SparkSession, path: str, read_at: _Identity, families: Sequence[str],
+                    rows: Sequence[dict[str, Any]], changes: Sequence[tuple], metrics: tuple[int, int]) -> None:
+    """After a MERGE of ``changes`` into ``rows`` (every row of ``families`` at ``read_at``):
+    cache the post-state when the table is now exactly at ``read_at``'s next version (the MERGE
+    was the only commit since the read) and the MERGE's metrics are the expected ones."""
+    if _identity(spark, path) != (read_at[0], read_at[1] + 1):
+        return
+    post, counts = _merged(rows, changes)
+    if counts == metrics:
+        _remember(path, (read_at[0], read_at[1] + 1), families, post)
 
 
 def _check_invariant(rows: list[dict[str, Any]], family: str) -> None:
@@ -203,6 +351,7 @@ def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> tuple[int, i
         """).first()
     finally:
         spark.catalog.dropTempView(view)
+        clear_cache(path)  # a commit (or maybe one): only a read or a proven post-state caches again
     try:
         return int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"])
     except (TypeError, KeyError, ValueError):
@@ -247,7 +396,7 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
     families = sorted({f for f, _ in items})
 
     def attempt() -> list[int]:
-        rows = _rows(spark, path, families)
+        rows, read_at = _rows_at(spark, path, families)
         by_family = {f: [r for r in rows if r["family"] == f] for f in families}
         for f in families:
             _check_invariant(by_family[f], f)
@@ -277,6 +426,8 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
             mine = {(r["family"], r["release_id"]): int(r["version_no"]) for r in after}
             if any(mine.get(i) != no for i, no in inserts.items()):
                 raise _Conflict("version numbers taken concurrently")
+        elif read_at is not None:  # the expected effect: the statement reads the new state from the cache
+            _remember_merge(spark, path, read_at, families, rows, changes, (inserted, updated))
         # Serializable isolation: a concurrent change of these families fails this commit
         return [known[i] if i in known else inserts[i] for i in items]
 
@@ -339,13 +490,8 @@ def table_version(spark: SparkSession, path: str) -> Optional[int]:
 
     Every change of any version record is a new Delta version, so an unchanged version means
     unchanged records: a cheap "did anyone version meanwhile?" for a statement writer."""
-    from dp_spark.release.writer import _fast_snapshot
-
-    try:
-        snap = _fast_snapshot(spark, path)
-    except Exception:
-        return None
-    return None if snap is None else snap.version
+    identity = _identity(spark, path)
+    return None if identity is None else identity[1]
 
 
 def current_release_id(spark: SparkSession, path: str, family: str) -> Optional[str]:
