@@ -11,8 +11,8 @@
 statistic (a count per region) on a 1,000-row input, warm (after one cold release in the same
 JVM, printed too), median of ``--reps``, with the time of every stage (validate, bounding +
 aggregation, noise, ledger calls, the Delta write, versions, mirror, statement). Target <= 3 s
-on publish + finish; the ledger mirror is refreshed in the background (beside the versions and
-after ``finish`` returns), so the job's end, after ``Engine.close()`` waited for it, is printed
+on publish + finish; the ledger mirror is refreshed in the background (after the versions and
+statement, once ``finish`` returns), so the job's end, after ``Engine.close()`` waited for it, is printed
 beside it.
 With ``--threads compare`` it alternates repetitions with dp_spark's background threads on and
 off (each overlapped step run before what it overlapped) and prints both medians.
@@ -130,9 +130,8 @@ class Memory:
 
 class Threads:
     """``--threads compare``: switch dp_spark's background threads (``dp_spark.background.
-    alongside``: the release write's key preparation beside the aggregation, the ledger mirror
-    beside the version record, the audit mirror beside the entries mirror, the statement inputs
-    beside the version record) off, i.e. run each one to completion before what it overlapped."""
+    alongside``: the release write's key preparation beside the aggregation, the audit mirror
+    beside the entries mirror, the statement inputs beside the version record) off, i.e. run each one to completion before what it overlapped."""
 
     def __init__(self):
         import dp_spark.background as bg
@@ -222,8 +221,8 @@ class Stages:
         if not runs:
             return
         labels = sorted({k for r in runs for k in r}, key=lambda k: (k == "TOTAL", k))
-        print(f"  time by stage, {title} (median of {len(runs)} runs; the mirror runs in the background, beside "
-              f"the versions and after finish returns; TOTAL includes waiting for it unless the case says not):")
+        print(f"  time by stage, {title} (median of {len(runs)} runs; the mirror runs in the background, after "
+              f"the versions and statement, once finish returned; TOTAL includes waiting for it unless the case says not):")
         for k in labels:
             print(f"    {k:42s} {statistics.median(r.get(k, 0.0) for r in runs):7.2f}s")
 

@@ -528,15 +528,17 @@ class Engine:
         from dp_spark.governance import after_official_releases
 
         pending, self._pending_versions = self._pending_versions, []
-        # the ledger's mirror and the version records are independent tables: the mirror is
-        # refreshed beside the version records and after this returns (it never raises; the
-        # SQL ledger is its authority)
-        if self._pending_mirror:
-            self._pending_mirror = False
-            self._mirror_task.request()
-        if pending:
-            after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
-                                    ledger=self.ledger, releases_dir=self.access.releases_dir)
+        # the ledger's mirror is refreshed after the version records and statements, in the
+        # background (it never raises; the SQL ledger is its authority): started first, it
+        # would compete with them for the driver and the executors
+        mirror, self._pending_mirror = self._pending_mirror, False
+        try:
+            if pending:
+                after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
+                                        ledger=self.ledger, releases_dir=self.access.releases_dir)
+        finally:
+            if mirror:
+                self._mirror_task.request()
 
     def _refresh_mirror(self) -> None:
         try:
@@ -670,8 +672,10 @@ class Engine:
             # crashed after the write, before the commit: heal by committing what was written
             self.ledger.commit(release_id, entry.owner_token)
             self._audit(spec, "healed", release_id, None)
-            self._mirror()
-            self._version(spec, release_id)
+            try:
+                self._version(spec, release_id)
+            finally:
+                self._mirror()
             return self._stored(spec, release_id, path, "healed")
 
         # 2. the release is valid (validate): now create the table and the salt
@@ -744,9 +748,12 @@ class Engine:
         if not rows:
             detail = (detail + "; " if detail else "") + "no key was selected: nothing published"
         self._audit(spec, status, release_id, charged, detail)
-        self._mirror()
-        if rows:  # no key selected: the family's current version stays what it was
-            self._version(spec, release_id)
+        try:
+            if rows:  # no key selected: the family's current version stays what it was
+                self._version(spec, release_id)
+        finally:
+            # after the version record: the background refresh does not compete with it
+            self._mirror()
         # the write committed exactly these rows: return them without reading the table back
         from dp_spark.release.writer import RELEASE_SCHEMA
 
