@@ -819,10 +819,23 @@ class Engine:
             stored = [] if fresh else read_release(self.spark, path, release_id)
             return stored or None
         try:
+            from dp_spark.governance import versions
+
+            before = versions._identity(self.spark, path)  # for the statement's summaries cache
+        except Exception:
+            before = None
+        try:
             write_release(self.spark, path, rows)
             raced = False
         except ConcurrentReleaseWrite:
             raced = True
+        if not raced:
+            try:  # the statement's release summaries: extended with these rows, never read again
+                from dp_spark.governance.statement import note_release_written
+
+                note_release_written(self.spark, path, before, rows)
+            except Exception:
+                pass
         if fresh and not raced:
             entry = self.ledger.find(release_id)
             if entry is not None and entry.owner_token == owner:
