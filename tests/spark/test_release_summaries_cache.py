@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from dp_spark.governance import statement as st
 from dp_spark.governance import versions
 from dp_spark.release import writer as W
+from tests.spark.test_versions_state_cache import jobs  # (fn(), Spark jobs it ran)
 
 # microseconds and a date near a daylight-saving change: the cached timestamps must be the
 # ones a Spark read returns (naive, local time), not the engine's aware UTC values
@@ -66,18 +66,6 @@ def write_noted(spark, path, rows):
     before = versions._identity(spark, path)
     W.write_release(spark, path, rows)
     st.note_release_written(spark, path, before, rows)
-
-
-def jobs(spark, fn):
-    """(fn(), number of Spark jobs it ran): a structural check, not a timing."""
-    sc = spark.sparkContext
-    group = f"summaries-cache-{uuid.uuid4().hex}"
-    sc.setJobGroup(group, "release summaries cache test")
-    try:
-        result = fn()
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    return result, len(sc.statusTracker().getJobIdsForGroup(group))
 
 
 def load(spark, path, family="dau"):
