@@ -829,16 +829,19 @@ class Engine:
             raced = False
         except ConcurrentReleaseWrite:
             raced = True
-        if not raced:
-            try:  # the statement's release summaries: extended with these rows, never read again
-                from dp_spark.governance.statement import note_release_written
-
-                note_release_written(self.spark, path, before, rows)
-            except Exception:
-                pass
         if fresh and not raced:
             entry = self.ledger.find(release_id)
             if entry is not None and entry.owner_token == owner:
+                # ours landed (above): the statement's cached release summaries are extended
+                # with these rows. Not after a takeover or a race, where the stored cells may
+                # be another run's draw: the cache entry then no longer matches the table and
+                # the next statement reads it
+                try:
+                    from dp_spark.governance.statement import note_release_written
+
+                    note_release_written(self.spark, path, before, rows)
+                except Exception:
+                    pass
                 return None
         stored = read_release(self.spark, path, release_id)
         if not stored:  # cannot happen: a write of this id landed (ours or the winner's)
