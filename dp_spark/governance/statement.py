@@ -844,10 +844,16 @@ def _commit_writes(spark, path: str, version: int, release_id: str) -> bool:
     the release write's idempotency key): read from the commit file, no Spark job."""
     jvm = spark._jvm
     delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    changes = delta_log.getChanges(version, version, jvm.scala.Option.empty(), False)
+    try:  # Delta 4.4: (start, end, catalog table, failOnDataLoss)
+        changes = delta_log.getChanges(version, version, jvm.scala.Option.empty(), False)
+    except Exception:  # Delta 4.0: (start, failOnDataLoss), up to the latest version
+        changes = delta_log.getChanges(version, False)
     key = f"dp_spark_release:{release_id}"
     while changes.hasNext():
-        actions = changes.next()._2().iterator()
+        change = changes.next()
+        if int(change._1()) != version:
+            break
+        actions = change._2().iterator()
         while actions.hasNext():
             a = actions.next()
             if a.getClass().getSimpleName() == "SetTransaction" and a.appId() == key:

@@ -103,6 +103,7 @@ def test_refusals_on_a_used_warehouse_add_no_table_salt_or_ledger_row(spark, war
     wh = Path(env.warehouse)
     first = engine(spark, warehouse)
     first.publish(register(warehouse, "dau_daily"))
+    first.close()  # its ledger mirror, refreshed in the background, is written too
     salt = env.salt_file.read_text()
     before = files(wh)
     entries, audit = first.ledger.entries(), first.ledger.audit_rows()
