@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/release_vs_plain.py [--rows 2000000[,20000000]] [--reps 3]
         [--layout time|user] [--case aov|multi|multi_day_region|general|tiny|drift] [--releases 50]
-        [--threads on|compare]
+        [--threads on|compare] [--warm on|compare]
 
 ``--rows`` (alias ``--sizes``): rows per dataset, comma separated; 2M by default, 20M opt-in
 (``--rows 2000000,20000000`` also prints the 20M/2M ratio).
@@ -58,7 +58,8 @@ median of the per-repetition ratios b_i/a_i (each (b) run right after its (a): l
 this machine's drifts), the driver's peak RSS; then the 20M/2M time ratio. Targets (issue 15),
 on the WHOLE release (c), as a one-release job runs it: c/a <= 1.5 at 2M and <= 1.3 at 20M
 (ratio of the medians), 20M/2M <= 10, flat driver memory. ``--threads compare`` adds a run of
-(c) with dp_spark's background threads off per repetition.
+(c) with dp_spark's background threads off per repetition; ``--warm compare`` a run of (c)
+without warming the versions table while the release aggregates (class ``Warm``).
 """
 
 from __future__ import annotations
@@ -151,6 +152,26 @@ class Threads:
             m.alongside = one_after_the_other if on else self._real
 
 
+class Warm:
+    """``--warm compare``: switch off the warming of the versions table while a release
+    aggregates (``Engine.publish`` passes it to ``prepare_release_write`` after the release
+    table), keeping only the release table's write keys, as before; the version record's MERGE
+    then reconstructs the table state itself."""
+
+    def __init__(self):
+        import dp_spark.release.writer as writer
+
+        self._writer, self._prepare = writer, writer.prepare_release_write
+
+    def off(self, off: bool) -> None:
+        prepare = self._prepare
+
+        def release_table_only(spark, path, *more):
+            return prepare(spark, path)
+
+        self._writer.prepare_release_write = release_table_only if off else prepare
+
+
 RETURNED = "= publish + finish returned"
 
 
@@ -238,6 +259,9 @@ def main() -> int:
                     help="row order of the input table (see the module docstring)")
     ap.add_argument("--threads", choices=("on", "compare"), default="on",
                     help="--case tiny: 'compare' alternates repetitions with the background threads on and off")
+    ap.add_argument("--warm", choices=("on", "compare"), default="on",
+                    help="general cases: 'compare' adds a run of (c) per repetition without warming the "
+                         "versions table during the aggregation")
     ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift"),
                     default="aov", help="the release measured (see the module docstring)")
     args = ap.parse_args()
@@ -424,8 +448,9 @@ def main() -> int:
         plain()  # warm-up both paths once (JIT, Delta log cache)
         dp(-1, full=True)
         stages.runs.clear()
-        ta, tb, tc, td = [], [], [], []
+        ta, tb, tc, td, te = [], [], [], [], []
         threads = Threads() if args.threads == "compare" else None
+        warm = Warm() if args.warm == "compare" else None
         for i in range(args.reps):
             t0 = time.monotonic(); plain(); ta.append(time.monotonic() - t0)
             t0 = time.monotonic(); eng = dp(i); tb.append(time.monotonic() - t0)
@@ -439,6 +464,13 @@ def main() -> int:
                 finally:
                     threads.serial(False)
                 stages.runs.pop()
+            if warm is not None:  # (c) again without warming the versions table
+                warm.off(True)
+                try:
+                    t0 = time.monotonic(); dp(300 + i, full=True); te.append(time.monotonic() - t0)
+                finally:
+                    warm.off(False)
+                stages.runs.pop()
         a, b, c = statistics.median(ta), statistics.median(tb), statistics.median(tc)
         results[n] = (a, c)
         print(f"case={args.case} rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
@@ -449,6 +481,11 @@ def main() -> int:
         if td:
             d = statistics.median(td)
             print(f"  background threads OFF: publish + finish {d:.2f}s = {d / c:.2f} x (c) with them ON", flush=True)
+        if te:
+            e = statistics.median(te)
+            print(f"  versions table NOT warmed during the aggregation: whole release {e:.2f}s = "
+                  f"{e / c:.2f} x (c) warmed; paired median e_i/a_i={statistics.median(x / y for x, y in zip(te, ta)):.2f}",
+                  flush=True)
         stages.runs = stages.runs[1::2]  # the (c) runs: publish + finish
         stages.report(f"(c) at {n:,} rows")
         print("  " + mem.peak(), flush=True)

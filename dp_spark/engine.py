@@ -701,13 +701,15 @@ class Engine:
         charged = None if reservation.reused else charge
 
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
-        # driver resolves the release table's write keys (metadata only), so the write below
-        # does not wait for it.
+        # driver resolves the release table's write keys and then the versions table's state
+        # (official), so the write and the version record below do not wait for them.
         from dp_spark.aggregations import collect_partials
         from dp_spark.aggregations.query import collect_query_partials
+        from dp_spark.governance.versions import published_path_for
         from dp_spark.release.writer import prepare_release_write
 
-        with alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}"), \
+        warm = (path, published_path_for(self.env.output_root)) if self.mode == "official" else (path,)
+        with alongside(prepare_release_write, self.spark, *warm, name=f"dp_spark-prepare-{release_id[:12]}"), \
                 _stage(self.spark, "bounding+aggregation", release_id):
             tuples = None
             if spec.private_key_sets:  # the selected cells come back with their partials

@@ -17,6 +17,13 @@ An append carries Delta's idempotent-write options (``txnAppId = dp_spark.ledger
 ``txnVersion = v + 1``): Delta skips a write whose txnVersion is not above the last recorded
 one, so of two refreshes planned from the same version only the first appends, and a refresh
 planned before another one committed appends nothing (it then re-plans from the new version).
+On a classic session the append is made through Delta's transaction directly
+(``release.writer.append_if_unchanged``): it commits only when the table is still at ``v`` and no
+other non-blind commit lands before it (the transaction declares it read the whole table), and
+records the same key, so it never pays the state reconstruction (three Spark jobs per table)
+that Delta 4.4's lookup of ``txnVersion`` costs. A commit that lands later than ``v + 1`` (a
+blind append by something else got in between) counts as a race: the refresh re-plans, and
+its plan reads and checks the table (a duplicate is rewritten away).
 
 A table is rewritten whole (after a full ``verify()``) only when it must be: it is absent or of
 another schema, it shows a gap or a duplicate, a budget's watermark is past the ledger's head
@@ -165,9 +172,20 @@ def _write(spark, rows, schema, path: str, *, append: bool, read_version: Option
     mirror write has already moved past. The commit records ``state``, what the table holds
     after it (see :func:`_recorded_state`). Returns whether it was committed."""
     before = -1 if read_version is None else read_version
-    w = (spark.createDataFrame(rows, schema).coalesce(1).write.format("delta")
-         .option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
-         .option("userMetadata", json.dumps({_META_KEY: 1, "from": before, "state": state}, sort_keys=True)))
+    meta = json.dumps({_META_KEY: 1, "from": before, "state": state}, sort_keys=True)
+    df = spark.createDataFrame(rows, schema).coalesce(1)
+    if append and read_version is not None:
+        from dp_spark.release.writer import append_if_unchanged
+
+        # the fast path: the same conditional commit without Delta's state reconstruction
+        committed = append_if_unchanged(spark, path, df, version=read_version, app_id=TXN_APP_ID,
+                                        user_metadata=meta)
+        if committed is not None:
+            # a commit that did not land right after read_version raced a blind append: say
+            # "not committed" so the caller re-plans (its next plan reads and checks the table)
+            return committed > 0 and committed == read_version + 1
+    w = (df.write.format("delta").option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
+         .option("userMetadata", meta))
     pre = _version(spark, path)  # a skipped write commits nothing: the version stays
     try:
         if append:

@@ -21,8 +21,10 @@ same either way (tested).
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -138,19 +140,98 @@ def _fast_snapshot(spark: SparkSession, location: str) -> Optional[Snapshot]:
     return Snapshot(location=location, table_id=table_id, version=version)
 
 
-def prepare_release_write(spark: SparkSession, path: str) -> None:
+def prepare_release_write(spark: SparkSession, path: str, *more: str) -> None:
     """Resolve the release table's recorded write keys (its Delta ``SetTransaction`` state) now,
     so that :func:`write_release` finds them cached; a no-op where the fast path is not
     available. Never raises: it only warms a cache, and a table committed to in between is
-    simply resolved again by the write."""
-    snap = _jvm_snapshot(spark, path)
-    if snap is None:
-        return
+    simply resolved again by the write. ``more``: further tables the caller commits to next,
+    warmed the same way, in order (see :func:`warm_tables`)."""
+    warm_tables(spark, (path, *more))
+
+
+def warm_tables(spark: SparkSession, paths) -> None:
+    """Reconstruct the state of each existing Delta table's latest snapshot now (its files, its
+    ``SetTransaction`` keys: one small set of Spark jobs per table), so that the next commit to
+    it, an idempotent append or a MERGE, does not pay for it on its critical path. Delta keeps
+    the state with the snapshot: it is reused while no commit lands in between (after one, the
+    commit pays as it would have anyway). A no-op without the fast path (Spark Connect);
+    never raises."""
+    for p in paths:
+        snap = _jvm_snapshot(spark, p)
+        if snap is None:
+            continue
+        try:
+            if int(snap.version()) >= 0:
+                snap.transactions()
+        except Exception:
+            pass
+
+
+def _write_operation(jvm, user_metadata: str):
+    """Delta's ``WRITE`` (append) operation carrying ``user_metadata``, built through the
+    companion's default arguments (their number differs between Delta releases); checked
+    after construction, so another argument layout is refused (raises) rather than guessed."""
+    companion = getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write$"), "MODULE$")
+    arity = max(m.getParameterCount() for m in companion.getClass().getMethods()
+                if m.getName() == "apply" and m.getParameterCount() > 1
+                and m.getParameterTypes()[0].getName() == "org.apache.spark.sql.SaveMode")
+    args = [jvm.org.apache.spark.sql.SaveMode.Append]
+    args += [getattr(companion, f"$lessinit$greater$default${i}")() for i in range(2, arity + 1)]
+    args[3] = jvm.scala.Some(user_metadata)  # (mode, partitionBy, predicate, userMetadata, ...)
+    op = companion.apply(*args)
+    if op.userMetadata().get() != user_metadata or op.mode() != jvm.org.apache.spark.sql.SaveMode.Append:
+        raise TypeError("unexpected DeltaOperations.Write layout")
+    return op
+
+
+def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, version: int, app_id: str,
+                        user_metadata: str, _before_commit=None) -> Optional[int]:
+    """Append ``df`` to the Delta table at ``path`` as ONE commit, only if nothing else commits
+    to the table from ``version`` on; without reconstructing the table's state (the DataFrame
+    writer's idempotent options, ``txnAppId``/``txnVersion``, make Delta 4.4 reconstruct it
+    -- three Spark jobs -- just to look the key up).
+
+    Returns the version committed (always >= 1: ``version + 1``, or later when a *blind* append landed in
+    between: Delta does not make a blind append conflict with this one, so the caller must
+    treat that as a race), 0 when nothing was committed because the table is no longer at
+    ``version`` or another non-blind write committed first (Delta's conflict check:
+    this transaction declares it read the whole table), or None when this fast path is not
+    available (Spark Connect, another Delta build, columns or types that differ from the
+    table's):
+    nothing was written, and the caller uses the DataFrame writer. The commit records
+    ``user_metadata`` and the key (``app_id``, ``version + 1``) as the DataFrame writer's
+    idempotent append would, so both paths recognise each other's writes.
+
+    Internal Delta API (``OptimisticTransaction``) reached through the JVM gateway. Any error
+    after the data files are written is raised (a commit may have landed); ``_before_commit``
+    is a test hook run between writing the files and committing them."""
+    if version < 0 or is_connect_session(spark):
+        return None  # (no table: the DataFrame writer creates it)
     try:
-        if int(snap.version()) >= 0:
-            snap.transactions()
+        jvm = spark._jvm
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        txn = log.startTransaction()
+        if int(txn.snapshot().version()) != version:
+            return 0
+        table = T.StructType.fromJson(json.loads(txn.metadata().schema().json()))
+        if [(f.name, f.dataType) for f in table.fields] != [(f.name, f.dataType) for f in df.schema.fields]:
+            return None  # the DataFrame writer checks (and reports) a schema that differs
+        df = df.to(table)  # the table's nullability (a NOT NULL column refuses a nullable one)
+        op = _write_operation(jvm, user_metadata)
+        key = jvm.org.apache.spark.sql.delta.actions.SetTransaction(
+            app_id, version + 1, jvm.scala.Some(int(time.time() * 1000)))
+        txn.readWholeTable()  # a concurrent non-blind commit conflicts with this one
     except Exception:
-        pass
+        return None
+    try:
+        actions = txn.writeFiles(df._jdf).appended(key)
+        if _before_commit is not None:
+            _before_commit()
+        return int(txn.commit(actions, op))
+    except Exception as exc:
+        if is_concurrent_change(exc):
+            return 0
+        raise
 
 
 def pin_snapshot(spark: SparkSession, location: str) -> Snapshot:
