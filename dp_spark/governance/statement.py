@@ -37,12 +37,10 @@ cells (public keys) and privacy parameters. Nothing here imports pyspark at modu
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
 import os
-import threading
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
@@ -51,6 +49,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from dp_spark.budget import MEASURES, Budget, budget_from_json
 from dp_spark.errors import DpSparkError
+from dp_spark.release.identity_cache import IdentityCache
 
 log = logging.getLogger(__name__)
 
@@ -776,43 +775,24 @@ def specs_for_family(releases_dir: str | os.PathLike, family: str) -> list[Any]:
 CACHED_PATHS = 64  # one entry per release table; the least recently used one is dropped beyond this
 
 #: releases_path -> (table identity (Delta table id, version), {family: its summaries at it})
-_summaries: "OrderedDict[str, tuple[tuple[str, int], dict[str, list[dict[str, Any]]]]]" = OrderedDict()
-_summaries_lock = threading.Lock()
+_summaries: "IdentityCache[list[dict[str, Any]]]" = IdentityCache(lambda: CACHED_PATHS)
 
 
 def _cached_summaries(path: str, identity: Optional[tuple[str, int]], family: str) -> Optional[list[dict[str, Any]]]:
     """Copies of the family's cached summaries when cached for exactly ``identity``."""
-    if identity is None:
-        return None
-    with _summaries_lock:
-        entry = _summaries.get(path)
-        if entry is None or entry[0] != identity or family not in entry[1]:
-            return None
-        _summaries.move_to_end(path)
-        return copy.deepcopy(entry[1][family])
+    hit = _summaries.get(path, identity, [family])
+    return None if hit is None else hit[family]
 
 
 def _remember_summaries(path: str, identity: tuple[str, int], by_family: Mapping[str, list[dict[str, Any]]]) -> None:
     """Cache ``by_family`` at ``identity`` (families cached at the same identity are kept)."""
-    fresh = {f: copy.deepcopy(s) for f, s in by_family.items()}
-    with _summaries_lock:
-        entry = _summaries.get(path)
-        if entry is not None and entry[0] == identity:
-            fresh = {**entry[1], **fresh}
-        _summaries[path] = (identity, fresh)
-        _summaries.move_to_end(path)
-        while len(_summaries) > CACHED_PATHS:
-            _summaries.popitem(last=False)
+    _summaries.put(path, identity, by_family)
 
 
 def clear_cache(path: Optional[str] = None) -> None:
     """Forget the cached release summaries of ``path`` (of every path by default). Never
     needed for correctness (an entry is served only at its own table identity)."""
-    with _summaries_lock:
-        if path is None:
-            _summaries.clear()
-        else:
-            _summaries.pop(path, None)
+    _summaries.clear(path)
 
 
 def _as_stored(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -870,8 +850,7 @@ def note_release_written(spark, releases_path: str, before: Optional[tuple[str, 
     with ``rows`` (official ones) as a read would aggregate them and cached at the new
     identity; otherwise the path's entry is dropped. Never raises."""
     try:
-        with _summaries_lock:
-            entry = _summaries.pop(releases_path, None)  # back only when proven current
+        entry = _summaries.pop(releases_path)  # back only when proven current
         if entry is None or before is None or entry[0] != tuple(before) or not rows:
             return
         from dp_spark.governance.versions import _identity

@@ -42,11 +42,8 @@ Only SQL and DataFrame APIs (no RDD, no JVM access), so this works on Spark Conn
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -55,6 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import ConfigError, DpSparkError, ReleaseConflictError
+from dp_spark.release.identity_cache import Identity, IdentityCache
 from dp_spark.release.writer import _delta_schema
 
 __all__ = [
@@ -162,20 +160,15 @@ def ensure_published_table(spark: SparkSession, path: str) -> None:
 # --------------------------------------------------------------------------------------
 CACHED_PATHS = 64  # one entry per path; the least recently used path is dropped beyond this
 
-_Identity = tuple[str, int]  # (Delta table id, Delta version)
+_Identity = Identity  # (Delta table id, Delta version)
 
 
-@dataclass(frozen=True)
-class _Cached:
-    """Every row of ``families`` in the table at ``identity`` (and no other row)."""
-
-    identity: _Identity
-    families: frozenset[str]
-    rows: tuple[dict[str, Any], ...]
+def _copy_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(r) for r in rows]
 
 
-_cache: "OrderedDict[str, _Cached]" = OrderedDict()
-_cache_lock = threading.Lock()
+#: path -> (identity, {family: every row of the family in the table at that identity})
+_cache: "IdentityCache[list[dict[str, Any]]]" = IdentityCache(lambda: CACHED_PATHS, copy=_copy_rows)
 
 
 def _identity(spark: SparkSession, path: str) -> Optional[_Identity]:
@@ -192,41 +185,21 @@ def _identity(spark: SparkSession, path: str) -> Optional[_Identity]:
 
 def _cached_rows(path: str, identity: Optional[_Identity], families: Sequence[str]) -> Optional[list[dict[str, Any]]]:
     """Copies of the cached rows of ``families`` when cached for exactly ``identity``."""
-    if identity is None:
-        return None
-    with _cache_lock:
-        entry = _cache.get(path)
-        if entry is None or entry.identity != identity or not entry.families.issuperset(families):
-            return None
-        _cache.move_to_end(path)
-        return [dict(r) for r in entry.rows if r["family"] in families]
+    hit = _cache.get(path, identity, families)
+    return None if hit is None else [r for rows in hit.values() for r in rows]
 
 
 def _remember(path: str, identity: _Identity, families: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
     """Cache ``rows`` as every row of ``families`` at ``identity``: replaces the path's entry
     (rows of other families cached for the same identity are kept)."""
-    fams = frozenset(families)
-    keep: list[dict[str, Any]] = []
-    with _cache_lock:
-        entry = _cache.get(path)
-        if entry is not None and entry.identity == identity:
-            keep = [r for r in entry.rows if r["family"] not in fams]
-            fams = fams | entry.families
-        _cache[path] = _Cached(identity, fams, tuple(keep + [dict(r) for r in rows]))
-        _cache.move_to_end(path)
-        while len(_cache) > CACHED_PATHS:
-            _cache.popitem(last=False)
+    _cache.put(path, identity, {f: [r for r in rows if r["family"] == f] for f in families})
 
 
 def clear_cache(path: Optional[str] = None) -> None:
     """Forget the cached rows of ``path`` (of every path by default). Never needed for
     correctness (an entry is served only at its own table identity): frees memory, and lets
     a test compare the cache with a fresh read."""
-    with _cache_lock:
-        if path is None:
-            _cache.clear()
-        else:
-            _cache.pop(path, None)
+    _cache.clear(path)
 
 
 def _as_read(t: Optional[datetime]) -> Optional[datetime]:
