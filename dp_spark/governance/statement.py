@@ -821,24 +821,13 @@ def _as_stored(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _commit_writes(spark, path: str, version: int, release_id: str) -> bool:
     """Whether Delta commit ``version`` of ``path`` is a write of ``release_id`` (it records
-    the release write's idempotency key): read from the commit file, no Spark job."""
-    jvm = spark._jvm
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    try:  # Delta 4.4: (start, end, catalog table, failOnDataLoss)
-        changes = delta_log.getChanges(version, version, jvm.scala.Option.empty(), False)
-    except Exception:  # Delta 4.0: (start, failOnDataLoss), up to the latest version
-        changes = delta_log.getChanges(version, False)
+    the release write's idempotency key, a ``txn`` action): read from the commit, no Spark job;
+    False when the commit cannot be read."""
+    from dp_spark.release.delta_commits import commit_actions
+
+    actions = commit_actions(spark, path, version)
     key = f"dp_spark_release:{release_id}"
-    while changes.hasNext():
-        change = changes.next()
-        if int(change._1()) != version:
-            break
-        actions = change._2().iterator()
-        while actions.hasNext():
-            a = actions.next()
-            if a.getClass().getSimpleName() == "SetTransaction" and a.appId() == key:
-                return True
-    return False
+    return actions is not None and any((a.get("txn") or {}).get("appId") == key for a in actions)
 
 
 def note_release_written(spark, releases_path: str, before: Optional[tuple[str, int]],

@@ -142,14 +142,12 @@ def _recorded_state(spark, path: str, v: int) -> Optional[Any]:
     committed in between: the table is exactly as that write left it); otherwise None, and the
     caller reads the table. Saves the aggregation over the table on every refresh but the first
     after someone else's commit."""
-    try:
-        local = path[len("file:"):] if path.startswith("file:") else path
-        if "://" not in local:  # a local table: its commit file, read directly (no Spark command)
-            import os
+    from dp_spark.release.delta_commits import commit_actions
 
-            commit = os.path.join(local, "_delta_log", f"{v:020d}.json")
-            info = next((json.loads(line)["commitInfo"] for line in open(commit, encoding="utf-8")
-                         if line.startswith('{"commitInfo"')), {})
+    try:
+        actions = commit_actions(spark, path, v) or []
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+        if info is not None:  # commit v itself, from the log (no Spark command)
             text = info.get("userMetadata")
         else:
             r = spark.sql("DESCRIBE HISTORY delta.`" + path.replace("`", "``") + "` LIMIT 1").first()

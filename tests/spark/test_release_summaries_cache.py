@@ -266,3 +266,37 @@ def test_one_entry_per_path_a_bounded_number_of_paths_and_a_note_never_raises(sp
     st.note_release_written(spark, "p2", object(), None)
     assert list(st._summaries) == []
     st.clear_cache()
+
+
+def test_a_commits_actions_from_its_file_and_from_the_delta_log_agree(spark, rel, monkeypatch):
+    """``delta_commits.commit_actions``: a local table's commit file, else DeltaLog.getChanges
+    (this Delta's signature); the write key and userMetadata read either way; None when unknown."""
+    from dp_spark.release import delta_commits as dc
+
+    W.write_release(spark, rel, release_rows("r1"))
+    append_outside(spark, rel, release_rows("o1"))
+    (spark.createDataFrame([tuple(r[f.name] for f in W.RELEASE_SCHEMA.fields) for r in release_rows("o2")],
+                           W.RELEASE_SCHEMA)
+     .write.format("delta").mode("append").option("userMetadata", '{"note": 1}').save(rel))
+    v = versions._identity(spark, rel)[1]
+    for version in (v - 2, v - 1, v):
+        from_file, from_log = dc._file_actions(rel, version), dc._log_actions(spark, rel, version)
+        assert from_file is not None and from_log is not None
+        for got in (from_file, from_log):
+            assert all(isinstance(a, dict) and len(a) == 1 for a in got)
+        kinds = [sorted(k for a in got for k in a if k != "commitInfo") for got in (from_file, from_log)]
+        assert kinds[0] == kinds[1] and "add" in kinds[0]
+        assert [a["txn"]["appId"] for a in from_file if "txn" in a] == [a["txn"]["appId"] for a in from_log if "txn" in a]
+        meta = [[a["commitInfo"].get("userMetadata") for a in got if "commitInfo" in a] for got in (from_file, from_log)]
+        assert meta[0] == [('{"note": 1}' if version == v else None)]
+        assert meta[1] in (meta[0], [])  # Delta 4.0 does not write its commitInfo back as valid JSON
+    assert st._commit_writes(spark, rel, v - 2, "r1") and not st._commit_writes(spark, rel, v - 1, "r1")
+    assert dc.commit_actions(spark, "file:" + rel, v) == dc._file_actions(rel, v)
+    assert dc.commit_actions(spark, rel, v + 1) is None  # no such commit (yet)
+    assert dc.commit_actions(spark, rel + "_nowhere", 0) is None
+    monkeypatch.setattr(dc, "_file_actions", lambda path, version: None)  # as for a remote table
+    assert st._commit_writes(spark, rel, v - 2, "r1") and not st._commit_writes(spark, rel, v, "r1")
+    load(spark, rel)
+    write_noted(spark, rel, release_rows("r2", created=T0 + timedelta(minutes=1)))
+    got, n = jobs(spark, lambda: load(spark, rel))
+    assert n == 0 and sorted(s["release_id"] for s in got) == ["o1", "o2", "r1", "r2"]
