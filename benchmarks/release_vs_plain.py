@@ -154,22 +154,16 @@ class Threads:
 
 class Warm:
     """``--warm compare``: switch off the warming of the versions table while a release
-    aggregates (``Engine.publish`` passes it to ``prepare_release_write`` after the release
-    table), keeping only the release table's write keys, as before; the version record's MERGE
-    then reconstructs the table state itself."""
+    aggregates (``Engine._warm_versions``, a background task of ``Engine.publish``); the
+    version record's MERGE then reconstructs the table state itself."""
 
     def __init__(self):
-        import dp_spark.release.writer as writer
+        from dp_spark.engine import Engine
 
-        self._writer, self._prepare = writer, writer.prepare_release_write
+        self._engine, self._warm = Engine, Engine._warm_versions
 
     def off(self, off: bool) -> None:
-        prepare = self._prepare
-
-        def release_table_only(spark, path, *more):
-            return prepare(spark, path)
-
-        self._writer.prepare_release_write = release_table_only if off else prepare
+        self._engine._warm_versions = (lambda engine: None) if off else self._warm
 
 
 RETURNED = "= publish + finish returned"

@@ -140,13 +140,12 @@ def _fast_snapshot(spark: SparkSession, location: str) -> Optional[Snapshot]:
     return Snapshot(location=location, table_id=table_id, version=version)
 
 
-def prepare_release_write(spark: SparkSession, path: str, *more: str) -> None:
+def prepare_release_write(spark: SparkSession, path: str) -> None:
     """Resolve the release table's recorded write keys (its Delta ``SetTransaction`` state) now,
     so that :func:`write_release` finds them cached; a no-op where the fast path is not
     available. Never raises: it only warms a cache, and a table committed to in between is
-    simply resolved again by the write. ``more``: further tables the caller commits to next,
-    warmed the same way, in order (see :func:`warm_tables`)."""
-    warm_tables(spark, (path, *more))
+    simply resolved again by the write (see :func:`warm_tables`)."""
+    warm_tables(spark, (path,))
 
 
 def warm_tables(spark: SparkSession, paths) -> None:

@@ -103,3 +103,32 @@ def test_one_shot_publish_and_the_exit_hook_wait_for_the_mirror(spark, warehouse
     assert eng._mirror_task.idle
     assert _mirrored(spark, env) == _ledger(eng) == {(first.release_id, "committed"),
                                                      (second.release_id, "committed")}
+
+
+def test_the_versions_warm_up_runs_beside_the_release_and_close_waits_for_it(spark, warehouse, monkeypatch):
+    """An official release asks a background task to reconstruct the versions table's Delta
+    state while it aggregates (``Engine._warm_versions``); publish never waits for it (its
+    MERGE computes what it needs), close() does; exploration releases never ask for it."""
+    entered, gate = threading.Event(), threading.Event()
+    real = Engine._warm_versions
+
+    def held(self):
+        entered.set()
+        assert gate.wait(120)
+        return real(self)
+
+    monkeypatch.setattr(Engine, "_warm_versions", held)
+    env = load_env(warehouse)
+    try:
+        eng = Engine(env, spark=spark, principal="publisher_bob")
+        result = eng.publish(register(warehouse, "dau_daily"))
+        assert result.status == "published"
+        assert current_release_id(spark, published_path_for(env.output_root), result.family) == result.release_id
+        assert entered.wait(60)
+        assert eng.close(timeout=0.2) is False and eng._warm_task.runs == 0
+    finally:
+        gate.set()
+    assert eng.close(timeout=120) is True and eng._warm_task.runs == 1
+    explore = Engine(env, spark=spark, principal="analyst_alice", mode="exploration")
+    assert explore.publish(register(warehouse, "dau_daily")).status == "published"
+    assert explore.close(timeout=120) is True and explore._warm_task.runs == 0
