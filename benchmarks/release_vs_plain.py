@@ -254,8 +254,8 @@ def main() -> int:
     ap.add_argument("--threads", choices=("on", "compare"), default="on",
                     help="--case tiny: 'compare' alternates repetitions with the background threads on and off")
     ap.add_argument("--warm", choices=("on", "compare"), default="on",
-                    help="general cases: 'compare' adds a run of (c) per repetition without warming the "
-                         "versions table during the aggregation")
+                    help="'compare': tiny alternates repetitions with and without warming the versions table "
+                         "during the aggregation; other cases add a run of (c) per repetition without it")
     ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift"),
                     default="aov", help="the release measured (see the module docstring)")
     args = ap.parse_args()
@@ -389,6 +389,18 @@ def main() -> int:
                 print(f"case=tiny rows={n:,}: publish + finish, background threads ON median {on:.2f}s, OFF (each "
                       f"one run before what it overlapped) median {off:.2f}s: OFF/ON = {off / on:.2f}  "
                       f"(alternating, {len(by_mode[True])} runs each)")
+                continue
+            if args.warm == "compare":
+                warm, by_mode = Warm(), {True: [], False: []}
+                for i in range(2 * max(args.reps, 5)):
+                    off = i % 2 == 1
+                    warm.off(off)
+                    dp(i, full=True)
+                    by_mode[off].append(stages.runs[-1][RETURNED])
+                warm.off(False)
+                on, off = statistics.median(by_mode[False]), statistics.median(by_mode[True])
+                print(f"case=tiny rows={n:,}: publish + finish, versions table warmed median {on:.2f}s, NOT warmed "
+                      f"median {off:.2f}s: NOT/warmed = {off / on:.2f}  (alternating, {len(by_mode[True])} runs each)")
                 continue
             for i in range(max(args.reps, 5)):
                 t0 = time.monotonic(); dp(i, full=True); tt.append(time.monotonic() - t0)
