@@ -457,6 +457,16 @@ def main() -> int:
         ta, tb, tc, td, te = [], [], [], [], []
         threads = Threads() if args.threads == "compare" else None
         warm = Warm() if args.warm == "compare" else None
+
+        def without(switch, i, times):
+            """(c) again with one mechanism switched off (``switch(True)``), not in the stages."""
+            switch(True)
+            try:
+                t0 = time.monotonic(); dp(i, full=True); times.append(time.monotonic() - t0)
+            finally:
+                switch(False)
+            stages.runs.pop()
+
         for i in range(args.reps):
             t0 = time.monotonic(); plain(); ta.append(time.monotonic() - t0)
             t0 = time.monotonic(); eng = dp(i); tb.append(time.monotonic() - t0)
@@ -464,19 +474,9 @@ def main() -> int:
             eng.close()
             t0 = time.monotonic(); dp(100 + i, full=True); tc.append(time.monotonic() - t0)
             if threads is not None:  # (c) again with the background threads off
-                threads.serial(True)
-                try:
-                    t0 = time.monotonic(); dp(200 + i, full=True); td.append(time.monotonic() - t0)
-                finally:
-                    threads.serial(False)
-                stages.runs.pop()
+                without(threads.serial, 200 + i, td)
             if warm is not None:  # (c) again without warming the versions table
-                warm.off(True)
-                try:
-                    t0 = time.monotonic(); dp(300 + i, full=True); te.append(time.monotonic() - t0)
-                finally:
-                    warm.off(False)
-                stages.runs.pop()
+                without(warm.off, 300 + i, te)
         a, b, c = statistics.median(ta), statistics.median(tb), statistics.median(tc)
         results[n] = (a, c)
         print(f"case={args.case} rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
