@@ -10,13 +10,14 @@ cells landed is decided by the engine from the ledger (see ``Engine.publish``) o
 rare paths where the ledger cannot tell, by reading the cells back (:func:`same_cells`).
 
 Everything runs through SQL and DataFrame APIs, so it works on Spark Connect. On a classic
-session two optional *fast paths* reach Delta's log object through the JVM gateway
+session optional *fast paths* reach Delta's log object through the JVM gateway
 (``DeltaLog``: a Delta-internal class): :func:`pin_snapshot` reads a path table's version and
-id from it (milliseconds instead of two SQL commands), and :func:`prepare_release_write`
-resolves the release table's recorded write keys ahead of the write (the engine runs it
-while the executors aggregate). Both fall back silently (the SQL path; a no-op) when the
-gateway or the class is not there (Spark Connect, another Delta build); the results are the
-same either way (tested).
+id from it (milliseconds instead of two SQL commands), :func:`prepare_release_write` and
+:func:`warm_tables` resolve a table's state ahead of a commit (the engine runs them while the
+executors aggregate), and :func:`append_if_unchanged` makes a conditional append through
+Delta's transaction (the ledger mirror's). They fall back (the SQL path; a no-op; None: the
+DataFrame writer) when the gateway or the class is not there (Spark Connect, another Delta
+build); the results are the same either way (tested).
 """
 
 from __future__ import annotations
@@ -190,14 +191,14 @@ def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, versio
     writer's idempotent options, ``txnAppId``/``txnVersion``, make Delta 4.4 reconstruct it
     -- three Spark jobs -- just to look the key up).
 
-    Returns the version committed (always >= 1: ``version + 1``, or later when a *blind* append landed in
-    between: Delta does not make a blind append conflict with this one, so the caller must
-    treat that as a race), 0 when nothing was committed because the table is no longer at
-    ``version`` or another non-blind write committed first (Delta's conflict check:
-    this transaction declares it read the whole table), or None when this fast path is not
-    available (Spark Connect, another Delta build, columns or types that differ from the
-    table's):
-    nothing was written, and the caller uses the DataFrame writer. The commit records
+    Returns the version committed (always >= 1: ``version + 1``, or later if a commit that
+    Delta's conflict check let pass landed in between, e.g. a blind append under another
+    isolation level: the caller must treat that as a race), 0 when nothing was committed
+    because the table is no longer at ``version`` or another write committed first (this
+    transaction declares it read the whole table, so Delta's conflict check refuses it), or
+    None when this fast path is not available (Spark Connect, another Delta build, columns or
+    types that differ from the table's): nothing was written, and the caller uses the
+    DataFrame writer. The commit records
     ``user_metadata`` and the key (``app_id``, ``version + 1``) as the DataFrame writer's
     idempotent append would, so both paths recognise each other's writes.
 
