@@ -27,7 +27,7 @@ import secrets
 import time
 import uuid
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
@@ -715,18 +715,20 @@ class Engine:
         owner = reservation.entry.owner_token
         charged = None if reservation.reused else charge
 
-        # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
+        # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile
+        # (official) a background task resolves the versions table's state, for the version
+        # record (publish does not wait for it; close() does), and, after a takeover, the
         # driver resolves the release table's write keys, so the write below does not wait
-        # for them, and (official) a background task the versions table's state, for the
-        # version record (publish does not wait for it; close() does).
+        # for its key lookup (a fresh reservation's write needs none: ``_write_once``).
         from dp_spark.aggregations import collect_partials
         from dp_spark.aggregations.query import collect_query_partials
         from dp_spark.release.writer import prepare_release_write
 
         if self.mode == "official":
             self._warm_task.request()
-        with alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}"), \
-                _stage(self.spark, "bounding+aggregation", release_id):
+        prepare = (alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
+                   if reservation.reused else nullcontext())
+        with prepare, _stage(self.spark, "bounding+aggregation", release_id):
             tuples = None
             if spec.private_key_sets:  # the selected cells come back with their partials
                 partials, tuples = collect_query_partials(partials_df, plan)
@@ -823,7 +825,10 @@ class Engine:
           run owned it before us), the append raised nothing, and after it the ledger still
           names us as owner. Owners only ever change to a new token (a takeover), so nobody
           else owned the reservation up to that moment, and only an owner writes: no write of
-          this release id preceded ours, so ours landed, and any later one is skipped;
+          this release id preceded ours, so ours landed, and any later one is skipped. The
+          same proof, asked once the commit's snapshot is read, lets the append skip its key
+          lookup (``write_release``'s ``sole_writer``): it then commits or raises, and a
+          commit says ours landed;
         * otherwise (we took a reservation over, a concurrent write won, or we lost ownership
           while writing): read the stored cells back. If they publish our numbers exactly
           they are ours; if not, another run's draw is the release and ours is discarded.
@@ -842,14 +847,18 @@ class Engine:
             before = versions._identity(self.spark, path)  # for the statement's summaries cache
         except Exception:
             before = None
+
+        def still_sole_owner() -> bool:  # fresh, and nobody took the reservation over up to now
+            entry = self.ledger.find(release_id)
+            return entry is not None and entry.owner_token == owner
+
         try:
-            write_release(self.spark, path, rows)
+            landed = write_release(self.spark, path, rows, sole_writer=still_sole_owner if fresh else None)
             raced = False
         except ConcurrentReleaseWrite:
-            raced = True
+            landed, raced = False, True
         if fresh and not raced:
-            entry = self.ledger.find(release_id)
-            if entry is not None and entry.owner_token == owner:
+            if landed or still_sole_owner():
                 # ours landed (above): the statement's cached release summaries are extended
                 # with these rows. Not after a takeover or a race, where the stored cells may
                 # be another run's draw: the cache entry then no longer matches the table and

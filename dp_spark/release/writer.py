@@ -27,7 +27,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -167,21 +167,45 @@ def warm_tables(spark: SparkSession, paths) -> None:
             pass
 
 
-def _write_operation(jvm, user_metadata: str):
-    """Delta's ``WRITE`` (append) operation carrying ``user_metadata``, built through the
-    companion's default arguments (their number differs between Delta releases); checked
-    after construction, so another argument layout is refused (raises) rather than guessed."""
+def _write_operation(jvm, user_metadata: Optional[str]):
+    """Delta's ``WRITE`` (append) operation carrying ``user_metadata`` (None: none), built
+    through the companion's default arguments (their number differs between Delta releases);
+    checked after construction, so another argument layout is refused (raises) rather than
+    guessed."""
     companion = getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write$"), "MODULE$")
     arity = max(m.getParameterCount() for m in companion.getClass().getMethods()
                 if m.getName() == "apply" and m.getParameterCount() > 1
                 and m.getParameterTypes()[0].getName() == "org.apache.spark.sql.SaveMode")
     args = [jvm.org.apache.spark.sql.SaveMode.Append]
     args += [getattr(companion, f"$lessinit$greater$default${i}")() for i in range(2, arity + 1)]
-    args[3] = jvm.scala.Some(user_metadata)  # (mode, partitionBy, predicate, userMetadata, ...)
+    if user_metadata is not None:
+        args[3] = jvm.scala.Some(user_metadata)  # (mode, partitionBy, predicate, userMetadata, ...)
     op = companion.apply(*args)
-    if op.userMetadata().get() != user_metadata or op.mode() != jvm.org.apache.spark.sql.SaveMode.Append:
+    recorded = op.userMetadata().get() if op.userMetadata().isDefined() else None
+    if recorded != user_metadata or op.mode() != jvm.org.apache.spark.sql.SaveMode.Append:
         raise TypeError("unexpected DeltaOperations.Write layout")
     return op
+
+
+def _start_transaction(spark: SparkSession, path: str):
+    """``(jvm, transaction)``: one commit to the existing Delta table at ``path`` through
+    Delta's ``OptimisticTransaction`` (its snapshot is read now), or None when that path is not
+    available (Spark Connect, no table). Raises on a gateway error (the callers fall back)."""
+    if is_connect_session(spark):
+        return None
+    jvm = spark._jvm
+    txn = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()
+    return None if int(txn.snapshot().version()) < 0 else (jvm, txn)
+
+
+def _in_table_types(txn, df: DataFrame) -> Optional[DataFrame]:
+    """``df`` with the transaction's table's nullability (a NOT NULL column refuses a nullable
+    one), or None when its columns or types differ from the table's (the DataFrame writer
+    checks and reports those)."""
+    table = T.StructType.fromJson(json.loads(txn.metadata().schema().json()))
+    if [(f.name, f.dataType) for f in table.fields] != [(f.name, f.dataType) for f in df.schema.fields]:
+        return None
+    return df.to(table)
 
 
 def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, version: int, app_id: str,
@@ -205,18 +229,18 @@ def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, versio
     Internal Delta API (``OptimisticTransaction``) reached through the JVM gateway. Any error
     after the data files are written is raised (a commit may have landed); ``_before_commit``
     is a test hook run between writing the files and committing them."""
-    if version < 0 or is_connect_session(spark):
+    if version < 0:
         return None  # (no table: the DataFrame writer creates it)
     try:
-        jvm = spark._jvm
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-        txn = log.startTransaction()
+        started = _start_transaction(spark, path)
+        if started is None:
+            return None
+        jvm, txn = started
         if int(txn.snapshot().version()) != version:
             return 0
-        table = T.StructType.fromJson(json.loads(txn.metadata().schema().json()))
-        if [(f.name, f.dataType) for f in table.fields] != [(f.name, f.dataType) for f in df.schema.fields]:
-            return None  # the DataFrame writer checks (and reports) a schema that differs
-        df = df.to(table)  # the table's nullability (a NOT NULL column refuses a nullable one)
+        df = _in_table_types(txn, df)
+        if df is None:
+            return None
         op = _write_operation(jvm, user_metadata)
         key = jvm.org.apache.spark.sql.delta.actions.SetTransaction(
             app_id, version + 1, jvm.scala.Some(int(time.time() * 1000)))
@@ -376,26 +400,95 @@ class ConcurrentReleaseWrite(Exception):
     """A concurrent write of the same release id committed first (Delta refused ours)."""
 
 
-def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) -> None:
+def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]], *,
+                  sole_writer: Optional[Callable[[], bool]] = None, _before_commit=None) -> Optional[bool]:
     """Append the release's cells unless a write of its release id already landed (one commit).
 
     A Delta idempotent append keyed by the release id: it lands, or it is skipped because an
     earlier append of this release id landed (silently: the caller learns which from the
     ledger or by :func:`same_cells`), or it raises :class:`ConcurrentReleaseWrite` when a
-    concurrent append of this release id committed while it was being written.
+    concurrent append of this release id committed while it was being written. Returns None.
+
+    ``sole_writer``: the caller's proof that no write of this release id has landed yet (the
+    engine's: its ledger reservation was fresh and it still owns it; only an owner writes, and
+    owners only ever change to a new one). It is asked *after* the commit's snapshot is read;
+    if it answers True the append skips the key lookup (which makes Delta 4.4 reconstruct the
+    table's state: a few Spark jobs) and commits through Delta's transaction with the same
+    key, declaring the key read, so a write of this release id committed after that snapshot
+    makes this one fail (:class:`ConcurrentReleaseWrite`) and one committed before it cannot
+    exist (``sole_writer``). Then it returns True: these cells landed. On any other answer,
+    and wherever that path is not available (Spark Connect, another Delta build, a table with
+    other columns), it is the DataFrame writer's idempotent append above. ``_before_commit``:
+    a test hook run between writing the files and committing them (transaction path only).
     """
     if not rows:
         raise ValueError("a release has at least one cell")
     ids = {r["release_id"] for r in rows}
     if len(ids) != 1:
         raise ValueError("a release write holds the cells of one release id")
+    app_id = f"dp_spark_release:{ids.pop()}"
     src = spark.createDataFrame([tuple(r[f.name] for f in RELEASE_SCHEMA.fields) for r in rows], RELEASE_SCHEMA)
+    if sole_writer is not None and _append_once(spark, path, src, app_id, sole_writer, _before_commit):
+        return True
     try:
         (src.write.format("delta").mode("append")
-         .option("txnAppId", f"dp_spark_release:{ids.pop()}").option("txnVersion", 1).save(path))
+         .option("txnAppId", app_id).option("txnVersion", 1).save(path))
     except Exception as exc:
         if _is_concurrent_write(exc):
             raise ConcurrentReleaseWrite() from None
+        raise
+    return None
+
+
+_USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"  # what the DataFrame writer records
+
+
+def _declare_key_read(txn, app_id: str) -> bool:
+    """Record in the transaction that it depends on ``app_id``'s key, as Delta's own key lookup
+    (``txnVersion``) does, without looking it up: a concurrent commit carrying that key then
+    fails this one (Delta's conflict check). True when the transaction shows it."""
+    read = txn.readTxn()
+    read.addOne(app_id)
+    return bool(read.contains(app_id))
+
+
+def _append_once(spark: SparkSession, path: str, df: DataFrame, app_id: str,
+                 sole_writer: Callable[[], bool], before_commit) -> bool:
+    """:func:`write_release`'s transaction path: True when the cells committed; False when the
+    path is not available or not proven safe (nothing was written: the caller uses the
+    DataFrame writer); raises :class:`ConcurrentReleaseWrite` when a write of the key
+    committed first, and any error after the files are written (a commit may have landed)."""
+    try:
+        started = _start_transaction(spark, path)
+        if started is None:
+            return False
+        jvm, txn = started
+        df = _in_table_types(txn, df)
+        if df is None:
+            return False
+        op = _write_operation(jvm, spark.conf.get(_USER_METADATA_CONF, None) or None)
+        key = jvm.org.apache.spark.sql.delta.actions.SetTransaction(
+            app_id, 1, jvm.scala.Some(int(time.time() * 1000)))
+        if not _declare_key_read(txn, app_id):
+            return False
+    except Exception:
+        return False
+    try:  # asked after the snapshot: a write before it came from an owner before now
+        if not sole_writer():
+            return False
+    except Exception:
+        return False  # not proven: the DataFrame writer looks the key up
+    try:
+        actions = txn.writeFiles(df._jdf).appended(key)
+        if before_commit is not None:
+            before_commit()
+        txn.commit(actions, op)
+        return True
+    except Exception as exc:
+        if _is_concurrent_write(exc):
+            raise ConcurrentReleaseWrite() from None
+        if is_concurrent_change(exc):
+            return False  # refused before anything committed (another commit changed the table): retried
         raise
 
 

@@ -213,7 +213,7 @@ def _cells(rows):
 
 
 def _takeover(spark, warehouse, monkeypatch, hook, release_a):
-    """Run A (thread ``run_a``) reaches its write, where ``hook(real_write, spark, path, rows)``
+    """Run A (thread ``run_a``) reaches its write, where ``hook(real_write, spark, path, rows, **kw)``
     stalls it; once it stalls, A's 2 s lease runs out and run B publishes the same release
     (taking the reservation over); then ``release_a`` lets A go on. Returns (A's result, B's)
     after checking what both orders must give: one set of cells in the table, both results
@@ -221,7 +221,7 @@ def _takeover(spark, warehouse, monkeypatch, hook, release_a):
     import dp_spark.release.writer as writer_mod
 
     real = writer_mod.write_release
-    monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r: hook(real, s, p, r))
+    monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r, **kw: hook(real, s, p, r, **kw))
     dau = register(warehouse, "dau_daily")
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
@@ -250,15 +250,47 @@ def test_takeover_while_the_first_run_lives_its_write_is_skipped(spark, warehous
     B's cells, never its own."""
     b_done = threading.Event()
 
-    def hook(real, s, p, rows):
+    def hook(real, s, p, rows, **kw):
         if threading.current_thread().name == "run_a":
+            assert kw.get("sole_writer") is not None  # A's reservation was fresh
             hook.a_at_write.set()
             assert b_done.wait(300)
-        return real(s, p, rows)
+        else:
+            assert kw.get("sole_writer") is None  # B took the reservation over: it looks the key up
+        return real(s, p, rows, **kw)
 
     hook.a_at_write = threading.Event()
     a, b = _takeover(spark, warehouse, monkeypatch, hook, b_done)
     assert b.status == "published" and b.charge is None  # the reservation was taken over
+    assert a.status == "cache_hit"
+
+
+def test_takeover_inside_the_first_runs_commit_makes_it_fail(spark, warehouse, monkeypatch):
+    """Run A's fresh write takes the transaction path (no key lookup): its snapshot is read and
+    the ledger still names it owner. It stalls between writing its files and committing them,
+    past its lease; B takes over, writes and returns. A's commit must then fail (it declared
+    the release's key read) rather than land a second draw, and A must return B's cells."""
+    b_done = threading.Event()
+
+    def hook(real, s, p, rows, **kw):
+        if threading.current_thread().name == "run_a":
+            proven = []
+
+            def sole_writer():
+                proven.append(kw["sole_writer"]())
+                return proven[-1]
+
+            def stall():
+                assert proven == [True]  # the transaction path, after the ownership check
+                hook.a_at_write.set()
+                assert b_done.wait(300)
+
+            return real(s, p, rows, sole_writer=sole_writer, _before_commit=stall)
+        return real(s, p, rows, **kw)
+
+    hook.a_at_write = threading.Event()
+    a, b = _takeover(spark, warehouse, monkeypatch, hook, b_done)
+    assert b.status == "published" and b.charge is None
     assert a.status == "cache_hit"
 
 
@@ -267,17 +299,17 @@ def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehou
     land, and B must return A's cells (A's are the release)."""
     go_a, a_wrote = threading.Event(), threading.Event()
 
-    def hook(real, s, p, rows):
+    def hook(real, s, p, rows, **kw):
         if threading.current_thread().name == "run_a":
             hook.a_at_write.set()
             assert go_a.wait(300)
             try:
-                return real(s, p, rows)
+                return real(s, p, rows, **kw)
             finally:
                 a_wrote.set()
         go_a.set()  # B is about to write: let A's write land first
         assert a_wrote.wait(300)
-        return real(s, p, rows)
+        return real(s, p, rows, **kw)
 
     hook.a_at_write = threading.Event()
     a, b = _takeover(spark, warehouse, monkeypatch, hook, go_a)
