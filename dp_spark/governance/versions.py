@@ -12,10 +12,19 @@ One Delta table (``<output_root>/_published``) holds one row per published versi
     changed_by   string     who made the last state change (null while current since publication)
     changed_at   timestamp  when (UTC)
 
-Invariant: at most one ``current`` row per family. Every state change is ONE Delta
-``MERGE`` (one commit): publishing supersedes the old current row and inserts the new one
-together; a rollback withdraws the current row and restores the previous one together. A
-crash therefore leaves either the old state or the new, never two current versions. The
+Invariant: at most one ``current`` row per family. Every state change is ONE Delta commit:
+publishing supersedes the old current row and inserts the new one together; a rollback
+withdraws the current row and restores the previous one together. A crash therefore leaves
+either the old state or the new, never two current versions. The commit is a ``MERGE``,
+except for the publication of one family on a classic session (:func:`_rewrite_family`): the
+family's rows, read at a known table version, are replaced by their new state -- the rows the
+MERGE would leave, computed here -- through Delta's transaction on exactly that version, which
+removes the family's files and writes one new file, when every file that may hold the family
+holds nothing else (their statistics say so; a file of several families, written by a batch's
+MERGE or outside dp_spark, sends the publication to the MERGE). It declares the whole table
+read, so any concurrent commit makes it conflict and retry. Two Spark jobs instead of the
+MERGE's seven to nine (0.45 s against 0.75 s on an idle 2-core machine); a new table keeps one
+file per family. The
 table is created with ``delta.isolationLevel = Serializable``; two concurrent changes of
 one family both rewrite the file of its current row, so Delta refuses the second commit
 (ConcurrentAppend/ConcurrentDelete...), which is retried on the new state. A publication
@@ -37,7 +46,9 @@ charge and the privacy statement lists it under errata. The published view
 (:func:`published_view`) serves only the current version's rows. Exploration releases are
 never versioned: :func:`published_view` keeps ``mode = official`` rows only.
 
-Only SQL and DataFrame APIs (no RDD, no JVM access), so this works on Spark Connect.
+Only SQL and DataFrame APIs, so this works on Spark Connect, except the optional fast paths
+(the table's identity from its log, the transaction above) that reach Delta through the JVM
+gateway and fall back to SQL and the MERGE without it.
 """
 
 from __future__ import annotations
@@ -303,7 +314,7 @@ def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> tuple[int, i
     """Apply ``changes`` (rows of _CHANGE_SCHEMA) in one MERGE = one Delta commit.
 
     Returns the MERGE's metrics: (rows inserted, rows updated)."""
-    src = spark.createDataFrame(changes, _CHANGE_SCHEMA)
+    src = spark.createDataFrame(changes, _CHANGE_SCHEMA).coalesce(1)  # a few rows: one task
     view = f"__dp_versions_src_{uuid.uuid4().hex}"
     src.createOrReplaceTempView(view)
     try:
@@ -329,6 +340,28 @@ def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> tuple[int, i
         return int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"])
     except (TypeError, KeyError, ValueError):
         return -1, -1  # no metrics from this Delta: callers re-read the table
+
+
+def _rewrite_family(spark: SparkSession, path: str, family: str, rows: Sequence[dict[str, Any]],
+                    read_at: _Identity, changes: list[tuple]) -> bool:
+    """Apply ``changes`` to ONE family by replacing its rows (``rows``: all of them, read at
+    ``read_at``) with their new state as :func:`_merge` would leave them, in one commit made
+    on exactly ``read_at`` that rewrites no other family's rows (``writer.replace_rows_if_unchanged``:
+    Delta's transaction, no MERGE: a few Spark jobs fewer). True when it committed (the new
+    state is then cached); False when that path does not apply (nothing written: the caller
+    MERGEs). A concurrent commit raises Delta's conflict error (retried by the caller)."""
+    from dp_spark.release.writer import replace_rows_if_unchanged
+
+    post, _counts = _merged(rows, changes)
+    post = [r for r in post if r["family"] == family]
+    df = spark.createDataFrame([tuple(r[f.name] for f in PUBLISHED_SCHEMA.fields) for r in post], PUBLISHED_SCHEMA)
+    committed = replace_rows_if_unchanged(spark, path, df, identity=read_at, column="family", value=family)
+    clear_cache(path)
+    if committed is None:
+        return False
+    if committed == read_at[1] + 1:
+        _remember(path, (read_at[0], committed), [family], post)
+    return True
 
 
 def _with_retries(fn: Callable[[], Any]) -> Any:
@@ -390,6 +423,11 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
                     principal, at) for (f, rid), no in inserts.items()]
         changes += [(f, int(r["version_no"]), r["release_id"], "change", "current", "superseded", None,
                      principal, at) for f in last_new for r in by_family[f] if r["state"] == "current"]
+        if len(families) == 1 and read_at is not None and _rewrite_family(
+                spark, path, families[0], rows, read_at, changes):
+            # one commit replaced the family's rows by their new state (computed from the rows
+            # read at ``read_at``, the version the commit was made on): cached, no check needed
+            return [known[i] if i in known else inserts[i] for i in items]
         inserted, updated = _merge(spark, path, changes)
         if (inserted, updated) != (len(inserts), len(changes) - len(inserts)):
             # not the expected effect (or no metrics): check the new state, retry if it moved

@@ -167,22 +167,30 @@ def warm_tables(spark: SparkSession, paths) -> None:
             pass
 
 
-def _write_operation(jvm, user_metadata: Optional[str]):
-    """Delta's ``WRITE`` (append) operation carrying ``user_metadata`` (None: none), built
-    through the companion's default arguments (their number differs between Delta releases);
-    checked after construction, so another argument layout is refused (raises) rather than
-    guessed."""
+def _write_operation(jvm, user_metadata: Optional[str], *, overwrite_where: Optional[str] = None):
+    """Delta's ``WRITE`` operation carrying ``user_metadata`` (None: none): an append, or with
+    ``overwrite_where`` an overwrite of the rows that predicate selects (what the DataFrame
+    writer's ``replaceWhere`` records). Built through the companion's default arguments (their
+    number differs between Delta releases); checked after construction, so another argument
+    layout is refused (raises) rather than guessed."""
     companion = getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write$"), "MODULE$")
     arity = max(m.getParameterCount() for m in companion.getClass().getMethods()
                 if m.getName() == "apply" and m.getParameterCount() > 1
                 and m.getParameterTypes()[0].getName() == "org.apache.spark.sql.SaveMode")
-    args = [jvm.org.apache.spark.sql.SaveMode.Append]
+    mode = jvm.org.apache.spark.sql.SaveMode.Append if overwrite_where is None else jvm.org.apache.spark.sql.SaveMode.Overwrite
+    args = [mode]
     args += [getattr(companion, f"$lessinit$greater$default${i}")() for i in range(2, arity + 1)]
+    # (mode, partitionBy, predicate, userMetadata, ...)
+    if overwrite_where is not None:
+        args[2] = jvm.scala.Some(overwrite_where)
     if user_metadata is not None:
-        args[3] = jvm.scala.Some(user_metadata)  # (mode, partitionBy, predicate, userMetadata, ...)
+        args[3] = jvm.scala.Some(user_metadata)
     op = companion.apply(*args)
-    recorded = op.userMetadata().get() if op.userMetadata().isDefined() else None
-    if recorded != user_metadata or op.mode() != jvm.org.apache.spark.sql.SaveMode.Append:
+
+    def get(option):
+        return option.get() if option.isDefined() else None
+
+    if get(op.userMetadata()) != user_metadata or get(op.predicate()) != overwrite_where or op.mode() != mode:
         raise TypeError("unexpected DeltaOperations.Write layout")
     return op
 
@@ -256,6 +264,72 @@ def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, versio
         if is_concurrent_change(exc):
             return 0
         raise
+
+
+def _string_bounds(add_file, column: str) -> Optional[tuple[str, str]]:
+    """A data file's (min, max) of string ``column`` from its Delta statistics, or None when
+    it has none (Delta truncates long strings' bounds, keeping them bounds)."""
+    stats = add_file.stats()
+    if stats is None:
+        return None
+    parsed = json.loads(stats)
+    lo, hi = parsed.get("minValues", {}).get(column), parsed.get("maxValues", {}).get(column)
+    return (lo, hi) if isinstance(lo, str) and isinstance(hi, str) else None
+
+
+def replace_rows_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, identity: tuple[str, int],
+                              column: str, value: str, user_metadata: Optional[str] = None,
+                              _before_commit=None) -> Optional[int]:
+    """Replace every row of the Delta table at ``path`` whose string ``column`` is ``value`` by
+    ``df``'s rows (the caller's new state of exactly those rows), as ONE commit through Delta's
+    transaction, without reading or rewriting any other row: only when the table is still at
+    ``identity`` (table id, version) and every data file that may hold ``value`` holds nothing
+    else (its statistics' bounds of ``column`` are both ``value``), so the files can be
+    removed whole. ``df`` is written as one new file, which keeps that layout.
+
+    The transaction declares it read the whole table (with the table's isolation level), so
+    any concurrent commit that adds or removes files makes it raise Delta's conflict error,
+    which the caller retries on the new state. Returns the version committed, or None when
+    this path does not apply (Spark Connect, another Delta build, another identity, a
+    partitioned or column-mapped table, a file without statistics or holding other values, a
+    ``df`` with other columns): nothing was written, and the caller uses a MERGE. Any error
+    after the files are written is raised. ``_before_commit``: a test hook."""
+    try:
+        started = _start_transaction(spark, path)
+        if started is None:
+            return None
+        jvm, txn = started
+        snap = txn.snapshot()
+        if (str(snap.metadata().id()), int(snap.version())) != tuple(identity):
+            return None
+        meta = txn.metadata()
+        mapping = meta.configuration().get("delta.columnMapping.mode")
+        if meta.partitionColumns().nonEmpty() or (mapping.isDefined() and mapping.get() != "none"):
+            return None
+        df = _in_table_types(txn, df)
+        if df is None:
+            return None
+        touched = []
+        for f in snap.allFiles().collectAsList():  # the snapshot's files (its state, warmed ahead)
+            bounds = _string_bounds(f, column)
+            if bounds is None:
+                return None
+            if bounds[0] <= value <= bounds[1]:
+                if bounds != (value, value):
+                    return None  # the file also holds other rows: a MERGE rewrites it
+                touched.append(f)
+        predicate = f"{column} = '{value}'" if re.fullmatch(r"[A-Za-z0-9_.:-]*", value) else f"{column} = ?"
+        op = _write_operation(jvm, user_metadata, overwrite_where=predicate)
+        txn.readWholeTable()
+    except Exception:
+        return None
+    actions = txn.writeFiles(df.coalesce(1)._jdf)  # one file: the rows of ``value`` only
+    now = int(time.time() * 1000)
+    for f in touched:
+        actions = actions.appended(f.removeWithTimestamp(now, True))
+    if _before_commit is not None:
+        _before_commit()
+    return int(txn.commit(actions, op))
 
 
 def pin_snapshot(spark: SparkSession, location: str) -> Snapshot:
@@ -427,7 +501,10 @@ def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]], *,
     if len(ids) != 1:
         raise ValueError("a release write holds the cells of one release id")
     app_id = f"dp_spark_release:{ids.pop()}"
-    src = spark.createDataFrame([tuple(r[f.name] for f in RELEASE_SCHEMA.fields) for r in rows], RELEASE_SCHEMA)
+    # one task, one file per release: the cells are a driver-side list (O(cells)), and a file per
+    # release keeps the table's file count (and its readers' cost) down
+    src = spark.createDataFrame([tuple(r[f.name] for f in RELEASE_SCHEMA.fields) for r in rows],
+                                RELEASE_SCHEMA).coalesce(1)
     if sole_writer is not None and _append_once(spark, path, src, app_id, sole_writer, _before_commit):
         return True
     try:

@@ -57,6 +57,17 @@ def release_rows(spark, path, family, release_ids, mode="official"):
     spark.createDataFrame(rows, RELEASE_SCHEMA).write.format("delta").mode("append").save(path)
 
 
+@pytest.fixture(autouse=True, params=["transaction", "merge"])
+def commit_path(request, monkeypatch):
+    """Every test runs with a single family's version record made through Delta's transaction
+    (the default) and through the MERGE (what a batch, an old table or Spark Connect uses)."""
+    if request.param == "merge":
+        from dp_spark.governance import versions
+
+        monkeypatch.setattr(versions, "_rewrite_family", lambda *a: False)
+    return request.param
+
+
 @pytest.fixture
 def paths(tmp_path):
     root = str(tmp_path / "releases")

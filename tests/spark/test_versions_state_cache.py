@@ -136,16 +136,31 @@ def test_history_after_a_publication_runs_no_job_and_never_serves_an_older_state
     assert history(spark, pub, "dau") == table_rows(spark, pub, "dau")
 
 
-def test_a_commit_between_the_merge_and_its_check_leaves_the_post_state_uncached(spark, pub, monkeypatch):
+@pytest.mark.parametrize("how", ["merge", "transaction"])
+def test_a_commit_between_the_merge_and_its_check_leaves_the_post_state_uncached(spark, pub, monkeypatch, how):
+    """Another writer commits right after the publication's commit: its post-state is never
+    served at the table's new version (the MERGE path: not cached; the transaction path, which
+    knows its own commit's version: cached at that version only)."""
     record_publication(spark, pub, "dau", "r1", "bob")
-    real = versions._merge
+    if how == "merge":
+        real = versions._merge
+        monkeypatch.setattr(versions, "_rewrite_family", lambda *a: False)
 
-    def merge_then_another_writer(spark_, path, changes):
-        out = real(spark_, path, changes)
-        append_outside(spark, pub, [outside_row("dau", 3, "rX", "withdrawn")])
-        return out
+        def merge_then_another_writer(spark_, path, changes):
+            out = real(spark_, path, changes)
+            append_outside(spark, pub, [outside_row("dau", 3, "rX", "withdrawn")])
+            return out
 
-    monkeypatch.setattr(versions, "_merge", merge_then_another_writer)
+        monkeypatch.setattr(versions, "_merge", merge_then_another_writer)
+    else:
+        real = versions._rewrite_family
+
+        def rewrite_then_another_writer(*args):
+            assert real(*args) is True  # the transaction path committed
+            append_outside(spark, pub, [outside_row("dau", 3, "rX", "withdrawn")])
+            return True
+
+        monkeypatch.setattr(versions, "_rewrite_family", rewrite_then_another_writer)
     record_publication(spark, pub, "dau", "r2", "bob")
     monkeypatch.undo()
     assert versions._cached_rows(pub, versions._identity(spark, pub), ["dau"]) is None
