@@ -266,6 +266,10 @@ def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, versio
         raise
 
 
+# printable ASCII: where Python's string order, UTF-8 byte order (Spark's) and Delta's bounds agree
+_PLAIN = re.compile(r"[\x20-\x7e]*")
+
+
 def _string_bounds(add_file, column: str) -> Optional[tuple[str, str]]:
     """A data file's (min, max) of string ``column`` from its Delta statistics, or None when
     it has none (Delta truncates long strings' bounds, keeping them bounds)."""
@@ -292,8 +296,10 @@ def replace_rows_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, 
     which the caller retries on the new state. Returns the version committed, or None when
     this path does not apply (Spark Connect, another Delta build, another identity, a
     partitioned or column-mapped table, a file without statistics or holding other values, a
-    ``df`` with other columns): nothing was written, and the caller uses a MERGE. Any error
-    after the files are written is raised. ``_before_commit``: a test hook."""
+    ``value`` or a file's bounds outside printable ASCII -- Delta truncates a string's bounds
+    beyond 32 characters and marks the upper one with a character beyond it --, a ``df`` with
+    other columns): nothing was written, and the caller uses a MERGE. Any error after the
+    files are written is raised. ``_before_commit``: a test hook."""
     try:
         started = _start_transaction(spark, path)
         if started is None:
@@ -309,11 +315,13 @@ def replace_rows_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, 
         df = _in_table_types(txn, df)
         if df is None:
             return None
+        if not _PLAIN.fullmatch(value):
+            return None
         touched = []
         for f in snap.allFiles().collectAsList():  # the snapshot's files (its state, warmed ahead)
             bounds = _string_bounds(f, column)
-            if bounds is None:
-                return None
+            if bounds is None or not all(_PLAIN.fullmatch(b) for b in bounds):
+                return None  # unknown, or bounds outside printable ASCII (e.g. truncated ones)
             if bounds[0] <= value <= bounds[1]:
                 if bounds != (value, value):
                     return None  # the file also holds other rows: a MERGE rewrites it

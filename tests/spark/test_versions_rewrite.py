@@ -134,6 +134,19 @@ def test_a_family_name_longer_than_delta_keeps_in_its_statistics(spark, pub, mon
     assert [(r["release_id"], r["state"]) for r in fresh(spark, pub, family)] == [("r0", "superseded"), ("r1", "current")]
 
 
+def test_a_family_name_beyond_printable_ascii_goes_to_the_merge(spark, pub, monkeypatch):
+    """Outside printable ASCII the transaction path compares no bounds: the MERGE versions such
+    a family and, while a file of it is in the table, every other family (slower, never wrong)."""
+    seen = _spy(monkeypatch)
+    record_publication(spark, pub, "dau_été", "r0", "bob")
+    record_publication(spark, pub, "dau_été", "r1", "bob")
+    record_publication(spark, pub, "aov", "a0", "bob")
+    assert seen == [False, False, False]
+    assert [(r["release_id"], r["state"]) for r in fresh(spark, pub, "dau_été")] == [
+        ("r0", "superseded"), ("r1", "current")]
+    assert [(r["release_id"], r["state"]) for r in fresh(spark, pub, "aov")] == [("a0", "current")]
+
+
 def test_a_commit_landing_during_the_rewrite_makes_it_retry(spark, pub, monkeypatch):
     """Another writer commits between the transaction's snapshot and its commit: the commit
     conflicts (it declared the whole table read) and the publication is retried on the new
