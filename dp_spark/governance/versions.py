@@ -55,6 +55,7 @@ gateway and fall back to SQL and the MERGE without it.
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from datetime import datetime, timezone
@@ -66,7 +67,7 @@ from pyspark.sql import types as T
 
 from dp_spark.errors import ConfigError, DpSparkError, ReleaseConflictError
 from dp_spark.release.identity_cache import Identity, IdentityCache
-from dp_spark.release.writer import _delta_schema
+from dp_spark.release.writer import _NO_TABLE_CONDITIONS, _condition, _delta_schema
 
 __all__ = [
     "PUBLISHED_SCHEMA",
@@ -247,13 +248,19 @@ def _rows_at(spark: SparkSession, path: str,
     hit = _cached_rows(path, before, families)
     if hit is not None:
         return _sorted(hit), before
-    try:
-        df = spark.read.format("delta").load(path)
-        rows = [r.asDict() for r in df.where(F.col("family").isin(families)).collect()]
-    except Exception:  # (Spark Connect loads lazily: a missing table fails the collect)
-        if not _exists(spark, path):  # no table (yet); a damaged one raises there
-            return [], None
-        raise
+    for attempt in range(3):
+        try:
+            df = spark.read.format("delta").load(path)
+            rows = [r.asDict() for r in df.where(F.col("family").isin(families)).collect()]
+            break
+        except Exception as exc:  # (Spark Connect loads lazily: a missing table fails the collect)
+            if not _exists(spark, path):  # no table (yet); a damaged one raises there
+                return [], None
+            if attempt == 2 or _condition(exc) not in _NO_TABLE_CONDITIONS:
+                raise
+            # "no table", and now there is one: another process's creation landed meanwhile
+            # (seen with three runs creating the table at once): read again
+            time.sleep(0.1 * (attempt + 1))
     rows = _sorted(rows)
     if before is None or _identity(spark, path) != before:
         return rows, None  # a commit may have landed during the read: these rows are of no known version
@@ -377,7 +384,9 @@ def _with_retries(fn: Callable[[], Any]) -> Any:
                 if _is_conflict(exc):
                     raise ReleaseConflictError("the versions table kept changing concurrently; retry later") from None
                 raise
-            time.sleep(0.2 * (attempt + 1))
+            # jittered: writers that conflicted together do not retry in lockstep (a version
+            # record through the transaction takes a fraction of a MERGE's time)
+            time.sleep(0.2 * (attempt + 1) * (0.5 + random.random()))
 
 
 def record_publication(spark: SparkSession, path: str, family: str, release_id: str, principal: str, *,

@@ -198,8 +198,9 @@ def _write_operation(jvm, user_metadata: Optional[str], *, overwrite_where: Opti
 def _start_transaction(spark: SparkSession, path: str):
     """``(jvm, transaction)``: one commit to the existing Delta table at ``path`` through
     Delta's ``OptimisticTransaction`` (its snapshot is read now), or None when that path is not
-    available (Spark Connect, no table). Raises on a gateway error (the callers fall back)."""
-    if is_connect_session(spark):
+    available (Spark Connect, a catalog table's name, no table). Raises on a gateway error (the
+    callers fall back)."""
+    if is_connect_session(spark) or not _is_path(path):
         return None
     jvm = spark._jvm
     txn = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()

@@ -245,3 +245,39 @@ def test_the_statement_after_a_publication_reads_no_rows_and_sees_a_later_change
     spark.sql(f"UPDATE delta.`{pub}` SET state = 'withdrawn' WHERE release_id = 'r2'")  # another writer
     d, n = jobs(spark, build)
     assert n >= 1 and d == [("r1", "superseded"), ("r2", "withdrawn")]
+
+
+class _TableAppearsDuringTheRead:
+    """A session whose first Delta load says "no table" although the table is there (what a
+    process saw while two others created the table at once); everything else is the real one."""
+
+    def __init__(self, spark):
+        self._spark, self.failed = spark, 0
+
+    def __getattr__(self, name):
+        return getattr(self._spark, name)
+
+    @property
+    def read(self):
+        outer = self
+
+        class Reader:
+            def format(self, fmt):
+                real = outer._spark.read.format(fmt)
+
+                class Loader:
+                    def load(self, path):
+                        if not outer.failed:
+                            outer.failed += 1
+                            raise RuntimeError("[DELTA_TABLE_NOT_FOUND] Delta table doesn't exist.")
+                        return real.load(path)
+                return Loader()
+        return Reader()
+
+
+def test_a_table_that_appears_during_the_read_is_read_again(spark, pub):
+    record_publication(spark, pub, "dau", "r1", "bob")
+    versions.clear_cache()
+    flaky = _TableAppearsDuringTheRead(spark)
+    rows, _ = versions._rows_at(flaky, pub, ["dau"])
+    assert flaky.failed == 1 and [r["release_id"] for r in rows] == ["r1"]
