@@ -106,9 +106,11 @@ def test_one_shot_publish_and_the_exit_hook_wait_for_the_mirror(spark, warehouse
 
 
 def test_the_versions_warm_up_runs_beside_the_release_and_close_waits_for_it(spark, warehouse, monkeypatch):
-    """An official release asks a background task to reconstruct the versions table's Delta
-    state while it aggregates (``Engine._warm_versions``); publish never waits for it (its
-    MERGE computes what it needs), close() does; exploration releases never ask for it."""
+    """An official release of a batch that will version several families in one MERGE asks a
+    background task to reconstruct the versions table's Delta state while it aggregates
+    (``Engine._warm_versions``); publish never waits for it (the MERGE computes what it needs),
+    close() does. A release whose record is one family's (no MERGE) and exploration releases
+    never ask for it."""
     entered, gate = threading.Event(), threading.Event()
     real = Engine._warm_versions
 
@@ -119,16 +121,23 @@ def test_the_versions_warm_up_runs_beside_the_release_and_close_waits_for_it(spa
 
     monkeypatch.setattr(Engine, "_warm_versions", held)
     env = load_env(warehouse)
+    single = Engine(env, spark=spark, principal="publisher_bob")
+    result = single.publish(register(warehouse, "dau_daily"))
+    assert result.status == "published"
+    assert current_release_id(spark, published_path_for(env.output_root), result.family) == result.release_id
+    assert single.close(timeout=120) is True and single._warm_task.runs == 0
     try:
-        eng = Engine(env, spark=spark, principal="publisher_bob")
-        result = eng.publish(register(warehouse, "dau_daily"))
-        assert result.status == "published"
-        assert current_release_id(spark, published_path_for(env.output_root), result.family) == result.release_id
+        eng = Engine(env, spark=spark, principal="publisher_bob", refresh="deferred")
+        assert eng.publish(register(warehouse, "aov_by_region")).status == "published"
+        assert eng._warm_task.runs == 0 and not entered.is_set()  # one family so far
+        assert eng.publish(register(warehouse, "orders_by_day_region")).status == "published"
         assert entered.wait(60)
+        eng.finish()  # the MERGE of both families' records does not wait for the warm-up
         assert eng.close(timeout=0.2) is False and eng._warm_task.runs == 0
     finally:
         gate.set()
     assert eng.close(timeout=120) is True and eng._warm_task.runs == 1
-    explore = Engine(env, spark=spark, principal="analyst_alice", mode="exploration")
+    explore = Engine(env, spark=spark, principal="analyst_alice", mode="exploration", refresh="deferred")
+    explore.publish(register(warehouse, "aov_by_region"))
     assert explore.publish(register(warehouse, "dau_daily")).status == "published"
     assert explore.close(timeout=120) is True and explore._warm_task.runs == 0
