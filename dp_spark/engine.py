@@ -726,9 +726,9 @@ class Engine:
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile
         # (official, a batch of several families) a background task resolves the versions
         # table's state, for the version record's MERGE (publish does not wait for it; close()
-        # does), and, after a takeover, the
-        # driver resolves the release table's write keys, so the write below does not wait
-        # for its key lookup (a fresh reservation's write needs none: ``_write_once``).
+        # does), and, after a takeover, the driver resolves the release table's write keys, so
+        # the write below does not wait for its key lookup (a fresh reservation's write needs
+        # none: ``_write_once``).
         from dp_spark.aggregations import collect_partials
         from dp_spark.aggregations.query import collect_query_partials
         from dp_spark.release.writer import prepare_release_write

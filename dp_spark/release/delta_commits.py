@@ -49,8 +49,10 @@ def _log_actions(spark, path: str, version: int) -> Optional[list[dict[str, Any]
 
         if is_connect_session(spark):
             return None  # a Connect session has no JVM gateway: never touch its classic attributes
+        from dp_spark.release.writer import _delta_log
+
         jvm = spark._jvm
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        delta_log = _delta_log(spark, path)
         try:  # Delta 4.4: (start, end, catalog table, failOnDataLoss)
             changes = delta_log.getChanges(version, version, jvm.scala.Option.empty(), False)
         except Exception:  # Delta 4.0: (start, failOnDataLoss), up to the latest version

@@ -107,6 +107,13 @@ def _sql_ref(location: str) -> str:
     return location
 
 
+def _delta_log(spark: SparkSession, path: str):
+    """Delta's ``DeltaLog`` of the path table ``path`` through the JVM gateway (an internal
+    Delta API: the fast paths of this module and :mod:`dp_spark.release.delta_commits`).
+    Raises where it is not there; callers check for Spark Connect first."""
+    return spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+
+
 def _jvm_snapshot(spark: SparkSession, path: str):
     """The latest snapshot of Delta's ``DeltaLog`` of ``path``, reached through the JVM
     gateway, or None (Spark Connect, no such class, any failure). Internal Delta API: used
@@ -117,9 +124,8 @@ def _jvm_snapshot(spark: SparkSession, path: str):
         jvm = spark._jvm
         if jvm is None:
             return None
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
         empty = jvm.scala.Option.empty()
-        return log.update(False, empty, empty)  # the latest version, not a cached one
+        return _delta_log(spark, path).update(False, empty, empty)  # the latest version, not a cached one
     except Exception:
         return None
 
@@ -177,7 +183,8 @@ def _write_operation(jvm, user_metadata: Optional[str], *, overwrite_where: Opti
     arity = max(m.getParameterCount() for m in companion.getClass().getMethods()
                 if m.getName() == "apply" and m.getParameterCount() > 1
                 and m.getParameterTypes()[0].getName() == "org.apache.spark.sql.SaveMode")
-    mode = jvm.org.apache.spark.sql.SaveMode.Append if overwrite_where is None else jvm.org.apache.spark.sql.SaveMode.Overwrite
+    modes = jvm.org.apache.spark.sql.SaveMode
+    mode = modes.Append if overwrite_where is None else modes.Overwrite
     args = [mode]
     args += [getattr(companion, f"$lessinit$greater$default${i}")() for i in range(2, arity + 1)]
     # (mode, partitionBy, predicate, userMetadata, ...)
@@ -202,9 +209,25 @@ def _start_transaction(spark: SparkSession, path: str):
     callers fall back)."""
     if is_connect_session(spark) or not _is_path(path):
         return None
-    jvm = spark._jvm
-    txn = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()
-    return None if int(txn.snapshot().version()) < 0 else (jvm, txn)
+    txn = _delta_log(spark, path).startTransaction()
+    return None if int(txn.snapshot().version()) < 0 else (spark._jvm, txn)
+
+
+def _write_key(jvm, app_id: str, version: int):
+    """The ``SetTransaction`` action the DataFrame writer's ``txnAppId``/``txnVersion`` record."""
+    now = jvm.scala.Some(int(time.time() * 1000))
+    return jvm.org.apache.spark.sql.delta.actions.SetTransaction(app_id, version, now)
+
+
+def _commit_files(txn, df: DataFrame, op, extra_actions=(), before_commit=None) -> int:
+    """Write ``df``'s files in ``txn`` and commit them with ``extra_actions`` as ``op``; the
+    version committed. ``before_commit``: a test hook run between the files and the commit."""
+    actions = txn.writeFiles(df._jdf)
+    for action in extra_actions:
+        actions = actions.appended(action)
+    if before_commit is not None:
+        before_commit()
+    return int(txn.commit(actions, op))
 
 
 def _in_table_types(txn, df: DataFrame) -> Optional[DataFrame]:
@@ -251,16 +274,12 @@ def append_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, versio
         if df is None:
             return None
         op = _write_operation(jvm, user_metadata)
-        key = jvm.org.apache.spark.sql.delta.actions.SetTransaction(
-            app_id, version + 1, jvm.scala.Some(int(time.time() * 1000)))
+        key = _write_key(jvm, app_id, version + 1)
         txn.readWholeTable()  # a concurrent non-blind commit conflicts with this one
     except Exception:
         return None
     try:
-        actions = txn.writeFiles(df._jdf).appended(key)
-        if _before_commit is not None:
-            _before_commit()
-        return int(txn.commit(actions, op))
+        return _commit_files(txn, df, op, (key,), _before_commit)
     except Exception as exc:
         if is_concurrent_change(exc):
             return 0
@@ -332,13 +351,9 @@ def replace_rows_if_unchanged(spark: SparkSession, path: str, df: DataFrame, *, 
         txn.readWholeTable()
     except Exception:
         return None
-    actions = txn.writeFiles(df.coalesce(1)._jdf)  # one file: the rows of ``value`` only
     now = int(time.time() * 1000)
-    for f in touched:
-        actions = actions.appended(f.removeWithTimestamp(now, True))
-    if _before_commit is not None:
-        _before_commit()
-    return int(txn.commit(actions, op))
+    removes = [f.removeWithTimestamp(now, True) for f in touched]
+    return _commit_files(txn, df.coalesce(1), op, removes, _before_commit)  # one file: the rows of ``value`` only
 
 
 def pin_snapshot(spark: SparkSession, location: str) -> Snapshot:
@@ -553,8 +568,7 @@ def _append_once(spark: SparkSession, path: str, df: DataFrame, app_id: str,
         if df is None:
             return False
         op = _write_operation(jvm, spark.conf.get(_USER_METADATA_CONF, None) or None)
-        key = jvm.org.apache.spark.sql.delta.actions.SetTransaction(
-            app_id, 1, jvm.scala.Some(int(time.time() * 1000)))
+        key = _write_key(jvm, app_id, 1)
         if not _declare_key_read(txn, app_id):
             return False
     except Exception:
@@ -565,10 +579,7 @@ def _append_once(spark: SparkSession, path: str, df: DataFrame, app_id: str,
     except Exception:
         return False  # not proven: the DataFrame writer looks the key up
     try:
-        actions = txn.writeFiles(df._jdf).appended(key)
-        if before_commit is not None:
-            before_commit()
-        txn.commit(actions, op)
+        _commit_files(txn, df, op, (key,), before_commit)
         return True
     except Exception as exc:
         if _is_concurrent_write(exc):

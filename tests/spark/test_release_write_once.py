@@ -14,11 +14,10 @@ DataFrame writer; and it runs fewer Spark jobs than the writer's key lookup on a
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dp_spark.release import writer as W
+from dp_spark.release.delta_commits import commit_actions
 from tests.spark.test_release_writer import _rows
 from tests.spark.test_versions_state_cache import jobs  # (fn(), Spark jobs it ran)
 
@@ -38,8 +37,7 @@ def _count(spark, path):
 
 
 def _commit(path, version):
-    with open(f"{path}/_delta_log/{version:020d}.json", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    return commit_actions(None, path, version)  # a local table: its commit file
 
 
 def test_a_proven_sole_write_commits_with_the_release_key(spark, tmp_path):
