@@ -17,7 +17,7 @@ How:
   bounding (``dp_spark.evaluation.utility.exact_partials``), plus the unbounded truth;
 * for each epsilon the release is re-planned and its noise repeated over those partials with
   the production sampler (no seed): the DAU through ``utility.evaluate`` (the engine's
-  ``noise_cells``, ``--repeats`` times); the AOV through the same estimator vectorised in numpy
+  ``QueryPlan.noise``, ``--repeats`` times); the AOV through the same estimator vectorised in numpy
   (``mean_rmse``, ``--fast-repeats`` draws), cross-checked against ``utility.evaluate`` on the
   engine's plan;
 * the verdict compares the two splits on common random numbers (``paired_mean_errors``,
@@ -97,7 +97,7 @@ def _mean_errors(plan, partials, draw):
     import numpy as np
 
     spec = plan.spec
-    by = {p.statistic: p for p in plan.statistics}
+    by = {c.kind: p for c, p in zip(plan.components, plan.statistics)}  # rows, nsum
     keys = list(spec.keys)
     k = spec.value.grid_exponent
     unit = 2.0 ** k
@@ -107,7 +107,7 @@ def _mean_errors(plan, partials, draw):
     rows = np.array([partials[x]["rows"] for x in keys], dtype=float)
     norm = np.array([partials[x]["sum_fixed"] - partials[x]["rows"] * mid_fixed for x in keys], dtype=float)
     truth = np.array([partials[x]["sum_fixed"] for x in keys], dtype=float) * unit / np.maximum(rows, 1)
-    zc, zs = draw(by["count"]), draw(by["normalised_sum"])
+    zc, zs = draw(by["rows"]), draw(by["nsum"])
     est = np.clip(mid + (norm + zs) * unit / np.maximum(rows + zc, spec.mean.min_count), lo, hi)
     return est - truth
 
@@ -115,7 +115,7 @@ def _mean_errors(plan, partials, draw):
 def mean_rmse(plan, partials, repeats: int, source):
     """Noise-only RMSE of each region's mean under ``plan`` (:func:`_mean_errors`) over
     ``repeats`` draws of the engine's own sampler at the plan's scales. Cross-checked against
-    ``utility.evaluate`` (the engine's ``noise_cells``) in the output."""
+    ``utility.evaluate`` (the engine's ``QueryPlan.noise``) in the output."""
     import numpy as np
 
     keys = list(plan.spec.keys)
@@ -156,10 +156,10 @@ def paired_mean_errors(plans, partials, repeats: int, seed: int):
 
     rng = np.random.default_rng(seed)  # benchmark randomness (evaluation), not release noise
     shape = (repeats, len(plans[0].spec.keys))
-    u = {name: (1.0 - rng.random(shape), 1.0 - rng.random(shape)) for name in ("count", "normalised_sum")}  # (0, 1]
+    u = {name: (1.0 - rng.random(shape), 1.0 - rng.random(shape)) for name in ("rows", "nsum")}  # (0, 1]
 
-    def draw(p):
-        return _coupled(p.mechanism, float(p.scale), *u[p.statistic])
+    def draw(p):  # a component's plan is named by its kind ("rows", "nsum:<column>[L,U]")
+        return _coupled(p.mechanism, float(p.scale), *u[p.statistic.split(":")[0]])
 
     return [_mean_errors(plan, partials, draw) for plan in plans]
 
@@ -232,7 +232,7 @@ def peer_job(rows: int, runs: int) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default=str(ROOT / "conf/envs/local.yaml"))
-    ap.add_argument("--repeats", type=int, default=2000, help="repeats of the engine's noise_cells path")
+    ap.add_argument("--repeats", type=int, default=2000, help="repeats of the engine's QueryPlan.noise path")
     ap.add_argument("--fast-repeats", type=int, default=20000,
                     help="draws of the vectorised AOV estimator (resolves ~1%% RMSE differences)")
     ap.add_argument("--paired-repeats", type=int, default=50000,
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
         return peer_job(args.rows, args.runs)
 
     from dp_spark.config import load_env, load_release_spec
-    from dp_spark.engine import plan_release
+    from dp_spark.engine import plan_for
     from dp_spark.evaluation import utility
     from dp_spark.mechanisms.samplers import default_source
     from dp_spark.spark import get_or_create_session
@@ -278,9 +278,9 @@ def main(argv=None) -> int:
         d_spec = dataclasses.replace(dau, charge=charge)
         a_spec = dataclasses.replace(aov, charge=charge)
         d_frame, _ = utility.evaluate(d_spec, dau_parts, repeats=args.repeats)
-        eng_plan = plan_release(a_spec)
+        eng_plan = plan_for(a_spec)
         half_plan = utility.plan_with_mean_split(a_spec, "1/2")
-        # the engine's own path (noise_cells) at --repeats, for the cross-check and the bias
+        # the engine's own path (QueryPlan.noise) at --repeats, for the cross-check and the bias
         e_frame, _ = utility.evaluate(a_spec, aov_parts, repeats=args.repeats, plan=eng_plan, unbounded=aov_unbounded)
         e = e_frame[e_frame.statistic == "mean"].set_index("key")
         r_eng = mean_rmse(eng_plan, aov_parts, args.fast_repeats, source)
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
               "no budget split (one statistic)")
         print(f"AOV per region: engine split to the sum = {eng_plan.mean_split} vs naive 1/2 "
               f"(for information: the best fixed split for THIS data, total MSE over regions, is {best_f})")
-        print(f"   RMSE over {args.fast_repeats:,} draws; noise_cells cross-check ({args.repeats:,} repeats) "
+        print(f"   RMSE over {args.fast_repeats:,} draws; QueryPlan.noise cross-check ({args.repeats:,} repeats) "
               f"agrees within {agree:.1%}; clip bias = bounded - raw mean (the raw data holds absurd 1e9 orders)")
         print(f"   paired: MSE gain of the engine's split over 50/50 from {args.paired_repeats:,} draws on common "
               "random numbers, +- 3 standard errors (the verdict uses these)")

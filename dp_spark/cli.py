@@ -291,33 +291,12 @@ def _plan_parser() -> argparse.ArgumentParser:
 
 
 def plan_rows(spec, policy, group_size: Optional[int]) -> list[dict]:
-    """Per statistic, what the engine will publish for a cell of ``group_size`` rows: the
-    same functions as the engine (multi-statistic specs: each kind's post-processing; single
-    metric: the epsilon explorer, which calls the engine's own interval code)."""
+    """Per statistic, what the engine will publish for a cell of ``group_size`` rows: each
+    kind's own post-processing (:func:`dp_spark.api.plan_table`), whichever form the spec was
+    written in."""
     from dp_spark.api import plan_table
 
-    if spec.statistics:
-        return plan_table(spec, group_size=group_size, budget_policy=policy)
-    from dp_spark.engine import plan_release
-    from dp_spark.evaluation import explorer
-
-    n = group_size or (spec.mean.assumed_group_size if spec.mean is not None else 100)
-    amount = spec.charge.epsilon if spec.charge.MEASURE == "pure_dp" else spec.charge.rho
-    plan = plan_release(spec)
-    rows = []
-    for r in explorer.explore(spec, [n], [amount]):
-        used = ("count", "normalised_sum") if r["statistic"] == "mean" else (r["statistic"],)
-        ps = [p for p in plan.statistics if p.statistic in used]
-        rows.append({"statistic": r["statistic"], "kind": spec.metric, "components": [p.statistic for p in ps],
-                     "share_of_charge": [str((p.budget.epsilon if spec.charge.MEASURE == "pure_dp" else p.budget.rho)
-                                             / amount) for p in ps],
-                     "mechanism": r["mechanism"],
-                     "sensitivity_l1": [str(p.sensitivity.l1) for p in ps],
-                     "sensitivity_l2": [p.sensitivity.l2 for p in ps],
-                     "noise_scale": [float(p.scale * p.grid_unit) for p in ps],
-                     "group_size": n, "expected_abs_error": r["expected_abs_error"],
-                     "interval_half_width": r["halfwidth"], "cells": spec.cells})
-    return rows
+    return plan_table(spec, group_size=group_size, budget_policy=policy)
 
 
 def _remaining_after(env, spec, policy) -> str:
@@ -473,26 +452,6 @@ def _selection_line(r: dict) -> str:
             f"{r['units_for_95_percent']} units 95% of the time; fewer units, it vanishes")
 
 
-def _explore_multi(spec, args) -> int:
-    """A multi-statistic spec: its plan (dp_spark.api.plan_table) at each group size, for the
-    spec's own charge (the split over components is fixed by the spec). No data read."""
-    from dp_spark.api import plan_table
-
-    print(f"== {spec.name}: {len(spec.statistics)} statistics x {spec.cells} key tuples, "
-          f"{spec.charge.MEASURE} {spec.charge.to_json()}, confidence {float(spec.confidence):.0%}")
-    print(f"{'statistic':<16}{'kind':<16}{'group size':>11}{'E|error|':>14}{'half-width':>14}  components (share)")
-    for n in args.group_sizes:
-        for r in plan_table(spec, group_size=n):
-            if r["statistic"] == "key_selection":
-                if n == args.group_sizes[0]:
-                    print(_selection_line(r))
-                continue
-            shares = ", ".join(f"{c} ({s})" for c, s in zip(r["components"], r["share_of_charge"]))
-            print(f"{r['statistic']:<16}{r['kind']:<16}{n:>11,}{r['expected_abs_error']:>14.4g}"
-                  f"{r['interval_half_width']:>14.4g}  {shares}")
-    return 0
-
-
 def explore_main(argv: Optional[Sequence[str]] = None) -> int:
     """``dp-spark explore`` from an argument list (jobs/explore_epsilon.py)."""
     return _run_explore(command_parser("explore").parse_args(argv))
@@ -506,15 +465,14 @@ def _run_explore(args: argparse.Namespace) -> int:
 
     try:
         spec = load_release_spec(args.conf)
-        if spec.statistics:
-            return _explore_multi(spec, args)
         out = Path(args.out) if args.out else Path(_load_env(args.env).warehouse) / "explorer"
         rows = explorer.explore(spec, args.group_sizes, args.budgets, assumed_mean=args.assumed_mean)
         stat = explorer.headline_statistic(spec)
         budget_name = "epsilon" if spec.charge.MEASURE == "pure_dp" else "rho"
         print(f"== {spec.name}: {stat}, {spec.charge.MEASURE}, unit {spec.unit.kind.value} "
               f"({spec.neighbouring.value}), {spec.cells} cells, confidence {float(spec.confidence):.0%}")
-        print(explorer.format_table(rows, statistic=stat))
+        # a single-metric spec: its headline statistic; else every statistic of the spec
+        print(explorer.format_table(rows, statistic=stat if spec.metric is not None else None))
         print()
         for n in args.group_sizes:
             try:

@@ -205,7 +205,14 @@ class ExhaustionPolicy:
 
 @dataclass(frozen=True)
 class ReleaseSpec:
-    """A pre-registered release. Frozen; every field validated in ``from_dict``."""
+    """A pre-registered release. Frozen; every field validated in ``from_dict``.
+
+    One form runs: ``statistics`` and ``key_sets``. A spec written in the single-``metric``
+    form is rewritten into it at parse time (:func:`legacy_statistics`); ``metric``,
+    ``group_by``, ``value`` and ``mean`` then keep what it declared, so that its canonical
+    form -- and so its release ids and spec version -- stay what they always were
+    (``tests/unit/golden_release_ids.json``). They are None for a spec written with
+    ``statistics`` (``group_by`` is then its one public key set, if it has exactly one)."""
 
     name: str
     family: str
@@ -226,7 +233,7 @@ class ReleaseSpec:
     max_cells: int
     min_group_size: Optional[MinGroupSize] = None
     source: str = field(default="<dict>", compare=False)
-    # the multi-statistic form (``statistics:``); empty for a single-``metric`` spec
+    # what the release computes (a single-``metric`` spec: its rewrite, legacy_statistics)
     statistics: tuple[StatisticSpec, ...] = ()
     # one per group-by column, as declared: PublicKeys, or PrivateKeys (selected privately);
     # cells = the cross product of the public key sets x the selected private key tuples
@@ -237,9 +244,11 @@ class ReleaseSpec:
     def canonical(self) -> dict[str, Any]:
         """Everything that determines the release, in a JSON-stable form.
 
-        A single-``metric`` spec keeps the shape (and so the release ids) it always had; the
-        multi-statistic form has its own shape."""
-        if self.statistics:
+        A spec written in the single-``metric`` form keeps the shape (and so the release ids) it
+        always had, whatever it is rewritten into; the multi-statistic form has its own shape
+        (fields added since, such as ``min_group_size`` there or ``where`` on the single-metric
+        form, appear only when set: specs without them keep their ids)."""
+        if self.metric is None:
             return {
                 "form": "statistics",
                 "name": self.name, "family": self.family, "dataset": self.dataset,
@@ -253,6 +262,7 @@ class ReleaseSpec:
                 "charge": self.charge.to_json(),
                 "confidence": str(self.confidence),
                 "columns": list(self.columns),
+                **({} if self.min_group_size is None else {"min_group_size": self.min_group_size.to_json()}),
             }
         return {
             "name": self.name,
@@ -279,6 +289,7 @@ class ReleaseSpec:
             "confidence": str(self.confidence),
             "columns": list(self.columns),
             "min_group_size": None if self.min_group_size is None else self.min_group_size.to_json(),
+            **({} if self.where is None else {"where": self.where}),
         }
 
     def version(self) -> str:
@@ -315,12 +326,10 @@ class ReleaseSpec:
     def cells(self) -> int:
         """The number of key tuples (cells per statistic); with private keys, the most there
         can be (public key tuples x the most private key tuples selected)."""
-        if self.statistics:
-            n = 1
-            for k in self.public_key_sets:
-                n *= len(k.values)
-            return n * self.max_private_tuples
-        return 1 if self.group_by is None else len(self.group_by.values)
+        n = 1
+        for k in self.public_key_sets:
+            n *= len(k.values)
+        return n * self.max_private_tuples
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -329,49 +338,52 @@ class ReleaseSpec:
         if self.private_key_sets:
             raise ConfigError(f"{self.source}: the keys of a release with private_keys are selected "
                               "from the data at publication; they are not known in advance")
-        if self.statistics:
-            from dp_spark.statistics.plan import canonical_key, key_tuples
+        from dp_spark.statistics.plan import canonical_key, key_tuples
 
-            return tuple(canonical_key(self.key_sets, t) for t in key_tuples(self.key_sets))
-        return ("__all__",) if self.group_by is None else self.group_by.values
+        return tuple(canonical_key(self.key_sets, t) for t in key_tuples(self.key_sets))
 
     @property
     def key_columns(self) -> tuple[str, ...]:
-        if self.statistics:
-            return tuple(k.column for k in self.key_sets)
-        return () if self.group_by is None else (self.group_by.column,)
+        return tuple(k.column for k in self.key_sets)
+
+    @property
+    def group_size_statistic(self) -> Optional[str]:
+        """The statistic whose noisy value is a cell's group size (``min_group_size``
+        thresholds it): the first ``count``, else the first ``distinct_units`` (None without)."""
+        for kind in ("count", "distinct_units"):
+            for s in self.statistics:
+                if s.kind == kind:
+                    return s.name
+        return None
 
     @property
     def date_key_set(self) -> Optional[PublicKeys]:
         """The one group-by column keyed by declared dates (None when there is none or several)."""
-        if not self.statistics:
-            return self.group_by if self.group_by is not None and self.group_by.kind == "date" else None
         dated = [k for k in self.public_key_sets if k.kind == "date"]
         return dated[0] if len(dated) == 1 else None
 
     def for_keys(self, keys: tuple[str, ...], *, name_suffix: str, column: Optional[str] = None) -> "ReleaseSpec":
-        """The same spec restricted to a subset of its public keys (e.g. one day). A
-        multi-statistic spec restricts ``column`` (default: its one date-keyed column); its
-        other key columns, public or private, are unchanged."""
-        if self.statistics:
-            target = column or (self.date_key_set.column if self.date_key_set is not None else None)
-            idx = [i for i, k in enumerate(self.key_sets) if isinstance(k, PublicKeys) and k.column == target]
-            if target is None or len(idx) != 1:
-                raise ConfigError(f"{self.source}: name the public key column to restrict (a multi-statistic "
-                                  "release restricts one column: by default its one date-keyed column)")
-            key_sets = list(self.key_sets)
-            key_sets[idx[0]] = key_sets[idx[0]].restricted_to(keys)
-            out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
-            if len(key_sets) == 1:
-                out = replace(out, group_by=key_sets[0])
-            l0 = min(self.bounds.max_partitions_per_unit, out.cells)
-            return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))
-        if self.group_by is None:
+        """The same spec restricted to a subset of its public keys (e.g. one day): ``column``
+        (default: its one date-keyed column, or its one public key column); its other key
+        columns, public or private, are unchanged; L0 is capped at the cells left. Either form
+        (a single-metric spec restricts its ``group_by`` too, which its release id reads)."""
+        if not self.key_sets:
             raise ConfigError(f"{self.source}: this release has no group_by to restrict")
-        gb = self.group_by.restricted_to(keys)
-        l0 = min(self.bounds.max_partitions_per_unit, len(keys))
-        bounds = replace(self.bounds, max_partitions_per_unit=l0)
-        return replace(self, group_by=gb, bounds=bounds, name=f"{self.name}{name_suffix}")
+        public = self.public_key_sets
+        default = (self.date_key_set.column if self.date_key_set is not None
+                   else public[0].column if len(public) == 1 else None)
+        target = column or default
+        idx = [i for i, k in enumerate(self.key_sets) if isinstance(k, PublicKeys) and k.column == target]
+        if target is None or len(idx) != 1:
+            raise ConfigError(f"{self.source}: name the public key column to restrict (a release with "
+                              "several key columns restricts one: by default its one date-keyed column)")
+        key_sets = list(self.key_sets)
+        key_sets[idx[0]] = key_sets[idx[0]].restricted_to(keys)
+        out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
+        if len(key_sets) == 1:
+            out = replace(out, group_by=key_sets[0])
+        l0 = min(self.bounds.max_partitions_per_unit, out.cells)
+        return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))
 
 
 def _key_set_canonical(k: Any) -> dict[str, Any]:
@@ -542,8 +554,6 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
             if data.get(f) is not None:
                 raise _err(source, f, "a release with 'statistics' declares its value columns per "
                            "statistic: drop 'metric', 'value' and 'mean'")
-        if data.get("min_group_size") is not None:
-            raise _err(source, "min_group_size", "is not supported on multi-statistic releases yet")
         metric = None
         key_sets = _key_sets(data.get("group_by"), source, run_date)
         group_by = key_sets[0] if len(key_sets) == 1 and isinstance(key_sets[0], PublicKeys) else None
@@ -554,6 +564,7 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
             raise _err(source, "metric", f"must be one of {list(METRICS)}")
         group_by = (_public_keys(data["group_by"], source, run_date=run_date)
                     if data.get("group_by") is not None else None)
+        key_sets = () if group_by is None else (group_by,)
     max_cells = _int(data.get("max_cells", DEFAULT_MAX_CELLS), source, "max_cells")
     if max_cells > HARD_MAX_CELLS:
         raise _err(source, "max_cells", f"must be <= {HARD_MAX_CELLS}")
@@ -696,13 +707,10 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
             raise _err(source, "columns", "must include the unit, group-by and value columns")
     where = None
     if data.get("where") is not None:
-        if not multi:
-            raise _err(source, "where", "is available on releases with 'statistics'")
         where = check_where(data["where"], columns, source)
-    min_group = None if multi else min_group_size_from_dict(
-        data.get("min_group_size"), source, metric=metric,
-        public_keys=() if group_by is None else group_by.values,
-    )
+    if not multi:  # the single-metric form runs as its rewrite
+        statistics = legacy_statistics(metric, value, mean)
+    min_group = _min_group_size(data.get("min_group_size"), source, metric, key_sets, statistics)
     return ReleaseSpec(
         name=name, family=family, description=description, dataset=dataset, unit=unit,
         neighbouring=neighbouring, metric=metric, group_by=group_by, value=value, bounds=bounds,
@@ -711,6 +719,52 @@ def release_spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", *,
         max_cells=max_cells, min_group_size=min_group, source=source,
         statistics=statistics, key_sets=key_sets, where=where,
     )
+
+
+def legacy_statistics(metric: str, value: Optional[ValueSpec], mean: Optional[MeanOptions]) -> tuple[StatisticSpec, ...]:
+    """The ``statistics`` a single-``metric`` spec is rewritten into (what it publishes, under
+    the names it always published): ``count`` -> a count; ``distinct_units`` -> a distinct
+    count of units; ``sum`` -> a sum of ``value``; ``mean`` -> a count and a mean of ``value``
+    (one noisy row count, shared), with the mean's options."""
+    from dp_spark.statistics.moments import DEFAULT_GROUP_SIZE
+
+    n = mean.assumed_group_size if mean is not None else DEFAULT_GROUP_SIZE
+    size = (("assumed_group_size", n),)
+    if metric in ("count", "distinct_units"):
+        return (StatisticSpec(name=metric, kind=metric, options=size),)
+    clamp = align_clamp(value.column, value.declared_lower, value.declared_upper)
+    if metric == "sum":
+        return (StatisticSpec(name="sum", kind="sum", clamp=clamp, options=size),)
+    opts = {"assumed_group_size": n, "min_count": mean.min_count,
+            **({} if mean.assumed_mean is None else {"assumed_mean": mean.assumed_mean})}
+    return (StatisticSpec(name="count", kind="count", options=size),
+            StatisticSpec(name="mean", kind="mean", clamp=clamp, options=tuple(sorted(opts.items()))))
+
+
+#: the statistic kinds ``min_group_size: {strategy: merge_other}`` can combine over merged keys
+MERGEABLE_KINDS = ("count", "distinct_units", "mean")
+
+
+def _min_group_size(raw: Any, source: str, metric: Optional[str], key_sets, statistics) -> Optional[MinGroupSize]:
+    """``min_group_size`` on either form: thresholds the group-size statistic (a count or a
+    distinct count of units: ``ReleaseSpec.group_size_statistic``); ``merge_other`` needs one
+    public key column and statistics it can combine."""
+    public = [v for k in key_sets if isinstance(k, PublicKeys) for v in k.values]
+    rule = min_group_size_from_dict(raw, source, metric=metric, public_keys=public)
+    if rule is None or metric is not None:
+        return rule
+    if not any(s.kind in ("count", "distinct_units") for s in statistics):
+        raise _err(source, "min_group_size", "needs a noisy group size: add a 'count' or 'distinct_units' "
+                   "statistic (its noisy value is thresholded)")
+    if rule.strategy == "merge_other":
+        if len(key_sets) != 1 or not isinstance(key_sets[0], PublicKeys):
+            raise _err(source, "min_group_size.strategy", "merge_other needs exactly one group-by column, "
+                       "with public keys (use suppress)")
+        other = [s.name for s in statistics if s.kind not in MERGEABLE_KINDS]
+        if other:
+            raise _err(source, "min_group_size.strategy", f"merge_other combines {list(MERGEABLE_KINDS)} "
+                       f"statistics only, not '{other[0]}' (use suppress)")
+    return rule
 
 
 def _key_sets(raw: Any, source: str, run_date: Optional[date] = None) -> tuple[PublicKeys, ...]:

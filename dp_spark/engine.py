@@ -30,7 +30,6 @@ import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -45,13 +44,10 @@ from dp_spark.errors import (
     DpSparkError,
     ReleaseConflictError,
 )
-from dp_spark.events import ComposedEvent, canonical_json
+from dp_spark.events import canonical_json
 from dp_spark.ledger import ReleaseLimitExceededError, open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
-from dp_spark.mechanisms.mean import optimal_mean_split
-from dp_spark.mechanisms.release import StatisticPlan, add_noise, grid_midpoint, plan_statistic
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
-from dp_spark.units import Aggregate
 
 log = logging.getLogger("dp_spark.engine")
 CODE_VERSION = __version__
@@ -121,63 +117,12 @@ class _LedgerOnUse:
 # --------------------------------------------------------------------------------------
 # Planning (public parameters only: no data)
 # --------------------------------------------------------------------------------------
-def _share(b: Budget, frac: Fraction) -> Budget:
-    if isinstance(b, PureDP):
-        return PureDP(b.epsilon * frac)
-    if isinstance(b, ZCDP):
-        return ZCDP(b.rho * frac)
-    raise ConfigError("release charges are pure_dp or zcdp")
-
-
-@dataclass(frozen=True)
-class ReleasePlan:
-    spec: ReleaseSpec
-    statistics: tuple[StatisticPlan, ...]
-    mean_split: Optional[Fraction]  # share of the budget given to the normalised sum
-
-    @property
-    def event(self) -> ComposedEvent:
-        return ComposedEvent(children=tuple(p.event for p in self.statistics))
-
-
-def plan_release(spec: ReleaseSpec) -> ReleasePlan:
-    """Sensitivities from the enforced bounds, budget split and noise scales: no data read."""
-    cells = spec.cells
-    b, rel, charge = spec.bounds, spec.neighbouring, spec.charge
-    if spec.metric == "count":
-        stats = (plan_statistic("count", Aggregate.ROW_COUNT, b, rel, charge, 0, cells),)
-        split = None
-    elif spec.metric == "distinct_units":
-        stats = (plan_statistic("distinct_units", Aggregate.DISTINCT_UNITS, b, rel, charge, 0, cells),)
-        split = None
-    elif spec.metric == "sum":
-        k = spec.value.grid_exponent
-        stats = (plan_statistic("sum", Aggregate.SUM, b, rel, charge, k, cells),)
-        split = None
-    elif spec.metric == "mean":
-        k = spec.value.grid_exponent
-        mech = "discrete_laplace" if isinstance(charge, PureDP) else "discrete_gaussian"
-        split = optimal_mean_split(b, rel, spec.mean.assumed_group_size, mech, budget=charge,
-                                   min_count=spec.mean.min_count, assumed_mean=spec.mean.assumed_mean)
-        sum_share = _share(charge, split)
-        count_share = charge - sum_share
-        stats = (
-            plan_statistic("count", Aggregate.ROW_COUNT, b, rel, count_share, 0, cells),
-            plan_statistic("normalised_sum", Aggregate.NORMALISED_SUM, b, rel, sum_share, k, cells),
-        )
-    else:  # pragma: no cover - config validates the metric
-        raise ConfigError(f"unknown metric {spec.metric!r}")
-    return ReleasePlan(spec=spec, statistics=stats, mean_split=split)
-
-
 def plan_for(spec: ReleaseSpec):
-    """The release's plan: :func:`plan_release` for a single-metric spec, the generic
-    :func:`dp_spark.statistics.plan.plan_query` for a multi-statistic one."""
-    if spec.statistics:
-        from dp_spark.statistics.plan import plan_query
+    """The release's plan (:func:`dp_spark.statistics.plan.plan_query`), whichever form the spec
+    was written in (a single-``metric`` spec runs as its rewrite into statistics)."""
+    from dp_spark.statistics.plan import plan_query
 
-        return plan_query(spec)
-    return plan_release(spec)
+    return plan_query(spec)
 
 
 def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) -> str:
@@ -189,165 +134,31 @@ def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) ->
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-# --------------------------------------------------------------------------------------
-# Spark part (lazy until collect)
-# --------------------------------------------------------------------------------------
-def build_partials(df, spec: ReleaseSpec, salt: str):
-    """DataFrame of partials per public key; lazy. Schema errors surface here, before any charge.
+def threshold_cells(spec: ReleaseSpec, cells: list[dict[str, Any]], components: dict) -> tuple[list, list[str]]:
+    """``min_group_size`` on the noisy cells (post-processing: noisy values only): the cells of
+    a key whose noisy group size (``spec.group_size_statistic``) is below the threshold are
+    suppressed, and with ``merge_other`` combined into one more key. ``components``: the noisy
+    components of :meth:`QueryPlan.noise` (a mean's merged value needs its noisy sums)."""
+    from dp_spark.governance.thresholds import apply_min_group_size
 
-    Input schema: the spec's columns. Output schema: key:string, rows:long, then units:long
-    (metric distinct_units) or sum_fixed:decimal(38,0) (metrics sum and mean).
-    """
-    from pyspark.sql import functions as F
-
-    from dp_spark.aggregations import compute_partials
-    from dp_spark.transforms import (
-        apply_value_policy,
-        bound_contributions,
-        clamp_to_fixed_point,
-        dedupe_unit_partition,
-        drop_null_units,
-        keep_unique_events,
-        restrict_to_public_keys,
-        select_columns,
+    rule = spec.min_group_size
+    kinds = {s.name: s.kind for s in spec.statistics}
+    extra = {}
+    for s in spec.statistics:
+        if s.kind == "mean":
+            by_kind = {c.kind: c for c in components if c.clamp == s.clamp or c.kind == "rows"}
+            extra[s.name] = {"normalised_sum": components.get(by_kind.get("nsum"), {}),
+                             "count": components.get(by_kind.get("rows"), {}),
+                             "lower": s.clamp.lower, "upper": s.clamp.upper, "min_count": s.option("min_count")}
+    out, suppressed = apply_min_group_size(
+        cells, threshold=rule.threshold, strategy=rule.strategy, count_statistic=spec.group_size_statistic,
+        other_key=rule.other_key, confidence=float(spec.confidence), extra=extra, kinds=kinds,
     )
-    from dp_spark.units import Neighbouring
-
-    unit = spec.unit.column
-    key = spec.group_by.column if spec.group_by else None
-    df = select_columns(df, list(spec.columns), unit_col=unit, key_cols=(key,) if key else (),
-                        value_col=spec.value.column if spec.value is not None else None)
-    df = drop_null_units(df, unit_col=unit)
-    if spec.value is not None:
-        df = apply_value_policy(df, value_col=spec.value.column)
-    if key is not None:
-        df = df.withColumn(key, F.col(key).cast("string"))
-        df = restrict_to_public_keys(df, key_col=key, public_keys=list(spec.group_by.values))
-    if spec.neighbouring is Neighbouring.EVENT:
-        # one row per event id (copies collapse, ambiguous ids drop): see keep_unique_events
-        df = keep_unique_events(df, unit_col=unit)
-    b = spec.bounds
-    if spec.metric == "distinct_units":
-        df = dedupe_unit_partition(df, unit_col=unit, partition_col=key)
-    df = bound_contributions(
-        df,
-        unit_col=unit,
-        partition_col=key,
-        max_partitions_per_unit=b.max_partitions_per_unit,
-        max_rows_per_partition=b.max_rows_per_partition or b.max_rows_per_unit,
-        max_rows_per_unit=b.max_rows_per_unit,
-        salt=salt,
-    )
-    fixed = None
-    if spec.value is not None:
-        fixed = "dp_value_fixed" if "dp_value_fixed" not in spec.columns else "dp_value_fixed_"
-        df = clamp_to_fixed_point(
-            df,
-            value_col=spec.value.column,
-            # grid-aligned bounds within 2^52 grid units: exactly representable as floats
-            lower=float(spec.value.lower),
-            upper=float(spec.value.upper),
-            frac_bits=-spec.value.grid_exponent,
-            out_col=fixed,
-        )
-    # distinct units are counted only for the metric that releases them (a distinct count
-    # is the costliest aggregate of the pass)
-    return compute_partials(df, key_col=key, unit_col=unit, fixed_col=fixed,
-                            count_units=spec.metric == "distinct_units")
-
-
-# --------------------------------------------------------------------------------------
-# Driver part: noise and post-processing
-# --------------------------------------------------------------------------------------
-def _alpha(spec: ReleaseSpec) -> Fraction:
-    return 1 - spec.confidence
-
-
-def noise_cells(plan: ReleasePlan, partials: dict[str, dict[str, int]], source: NoiseSource,
-                components: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
-    """One noise draw per public cell and statistic; returns cell dicts (driver memory only).
-
-    ``partials`` maps every public key (present in the data or not) to its exact partials.
-    The control flow and the number of draws depend on the spec only. When ``components`` is
-    a dict, a mean's noisy normalised sums per key (real units) are put in it under
-    ``"normalised_sum"`` (for merging small groups, a post-processing step).
-    """
-    spec = plan.spec
-    keys = list(spec.keys)
-    alpha = _alpha(spec)
-    noisy: dict[str, list[int]] = {}
-    by_name = {p.statistic: p for p in plan.statistics}
-    for p in plan.statistics:
-        if p.statistic == "count":
-            true = [int(partials[k]["rows"]) for k in keys]
-        elif p.statistic == "distinct_units":
-            true = [int(partials[k]["units"]) for k in keys]
-        elif p.statistic == "sum":
-            true = [int(partials[k]["sum_fixed"]) for k in keys]
-        elif p.statistic == "normalised_sum":
-            k = spec.value.grid_exponent
-            mid_fixed = grid_midpoint(spec.bounds, k)
-            true = [int(partials[key]["sum_fixed"]) - int(partials[key]["rows"]) * mid_fixed for key in keys]
-        else:  # pragma: no cover
-            raise ConfigError(f"unknown statistic {p.statistic}")
-        noisy[p.statistic] = add_noise(p, true, source)
-
-    cells: list[dict[str, Any]] = []
-
-    def grid_cell(p: StatisticPlan, stat: str, i: int, nonneg: bool) -> dict[str, Any]:
-        unit = Fraction(2) ** p.grid_exponent
-        v = noisy[p.statistic][i] * unit
-        h = p.halfwidth_grid(alpha) * unit
-        lo, hi = v - h, v + h
-        if nonneg:  # post-processing: a count is never negative
-            v, lo, hi = max(v, Fraction(0)), max(lo, Fraction(0)), max(hi, Fraction(0))
-        return {
-            "statistic": stat, "key": keys[i], "value": float(v), "ci_low": float(lo), "ci_high": float(hi),
-            "mechanism": p.mechanism, "noise_scale": float(p.scale * unit),
-            "noise_stddev": float(p.stddev_grid) * float(unit), "grid": float(unit),
-            "expected_abs_error": _expected_abs(p) * float(unit),
-        }
-
-    for i in range(len(keys)):
-        if spec.metric in ("count", "distinct_units"):
-            cells.append(grid_cell(plan.statistics[0], spec.metric, i, nonneg=True))
-        elif spec.metric == "sum":
-            cells.append(grid_cell(plan.statistics[0], "sum", i, nonneg=False))
-        else:  # mean = noisy normalised sum / max(noisy count, floor) + midpoint
-            pc, ps = by_name["count"], by_name["normalised_sum"]
-            cells.append(grid_cell(pc, "count", i, nonneg=True))
-            unit = Fraction(2) ** ps.grid_exponent
-            nsum = noisy["normalised_sum"][i] * unit
-            if components is not None:
-                components.setdefault("normalised_sum", {})[keys[i]] = float(nsum)
-            ncount = Fraction(noisy["count"][i])
-            mid = (spec.value.lower + spec.value.upper) / 2
-            # value, interval (exact large-count law, else the conservative union bound) and
-            # the expected error with both noises: one function, shared with the explorer
-            from dp_spark.mechanisms.mean import mean_cell_accuracy
-
-            acc = mean_cell_accuracy(nsum, ncount, mid, spec.value.lower, spec.value.upper, spec.mean.min_count,
-                                     alpha, mechanism=ps.mechanism, sum_scale=ps.scale, sum_unit=unit,
-                                     count_scale=pc.scale)
-            cells.append({
-                "statistic": "mean", "key": keys[i], "value": float(acc["value"]),
-                "ci_low": float(acc["ci_low"]), "ci_high": float(acc["ci_high"]),
-                "mechanism": ps.mechanism, "noise_scale": float(ps.scale * unit),
-                "noise_stddev": float(acc["noise_stddev"]), "grid": float(unit),
-                "expected_abs_error": float(acc["expected_abs_error"]),
-            })
-    return cells
-
-
-def _expected_abs(p: StatisticPlan) -> float:
-    """E|noise| in grid units: sqrt(2/pi) * sd for the Gaussian, the exact mean for Laplace."""
-    import math
-
-    if p.mechanism == "discrete_laplace":
-        # E|X| for the discrete Laplace with parameter t: 2 q / (1 - q^2), q = e^{-1/t}
-        q = math.exp(-1 / float(p.scale))
-        return 2 * q / (1 - q * q)
-    return math.sqrt(2 / math.pi) * float(p.stddev_grid)
+    names = spec.key_columns
+    for c in out:  # a merged cell stands for the other key (one key column: merge_other's rule)
+        if c.get("merged_keys") is not None:
+            c["keys"] = dict(zip(names, (c["key"],)))
+    return out, suppressed
 
 
 # --------------------------------------------------------------------------------------
@@ -652,8 +463,7 @@ class Engine:
     def _partials(self, spec: ReleaseSpec, plan, snapshot, salt: str):
         from dp_spark.aggregations.query import build_query_partials
 
-        return (build_query_partials(snapshot.reader(self.spark), plan, salt) if spec.statistics
-                else build_partials(snapshot.reader(self.spark), spec, salt))
+        return build_query_partials(snapshot.reader(self.spark), plan, salt)
 
     def admit(self, validated: ValidatedRelease) -> None:
         """Register the spec's budget policy in the ledger and bind the input to the budget
@@ -729,7 +539,6 @@ class Engine:
         # does), and, after a takeover, the driver resolves the release table's write keys, so
         # the write below does not wait for its key lookup (a fresh reservation's write needs
         # none: ``_write_once``).
-        from dp_spark.aggregations import collect_partials
         from dp_spark.aggregations.query import collect_query_partials
         from dp_spark.release.writer import prepare_release_write
 
@@ -741,21 +550,16 @@ class Engine:
             tuples = None
             if spec.private_key_sets:  # the selected cells come back with their partials
                 partials, tuples = collect_query_partials(partials_df, plan)
-            elif spec.statistics:
-                partials = collect_query_partials(partials_df, plan)
             else:
-                partials = collect_partials(
-                    partials_df, key_col=spec.group_by.column if spec.group_by else None,
-                    public_keys=list(spec.keys), has_sum=spec.value is not None,
-                )
+                partials = collect_query_partials(partials_df, plan)
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
-            components: dict[str, Any] = {}
-            cells = (plan.noise(partials, self.source, tuples) if spec.statistics
-                     else noise_cells(plan, partials, self.source, components))
+            components: dict[Any, Any] = {}
+            cells = plan.noise(partials, self.source, tuples, components)
         suppressed: list[str] = []
         if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)
-            cells, suppressed = self._threshold(spec, cells, components)
+            cells, suppressed = threshold_cells(spec, cells, components)
+        del components
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         del cells
         # 6. write (atomic, insert-if-absent by release id), learn whose cells landed, commit
@@ -790,20 +594,6 @@ class Engine:
                       key=lambda r: (r["statistic"], r["key"]))
         return self._result(spec, release_id, path, status, mine, charge=charged,
                             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
-
-    def _threshold(self, spec: ReleaseSpec, cells, components):
-        from dp_spark.governance.thresholds import apply_min_group_size, count_statistic_for
-
-        rule = spec.min_group_size
-        extra = None
-        if spec.metric == "mean":
-            extra = {"normalised_sum": components.get("normalised_sum", {}), "lower": spec.value.lower,
-                     "upper": spec.value.upper, "min_count": spec.mean.min_count}
-        return apply_min_group_size(
-            cells, threshold=rule.threshold, strategy=rule.strategy,
-            count_statistic=count_statistic_for(spec.metric), other_key=rule.other_key,
-            confidence=float(spec.confidence), extra=extra,
-        )
 
     def _version(self, spec: ReleaseSpec, release_id: str) -> None:
         """Official releases: make this the family's current version and regenerate its
@@ -944,7 +734,7 @@ class Engine:
             "charge_json": json.dumps(
                 {"charge": charge.to_json(), "mean_split_to_sum": None if plan.mean_split is None
                  else str(plan.mean_split), "event": json.loads(canonical_json(plan.event)),
-                 **({"split": plan.split_json()} if spec.statistics else {})},
+                 "split": plan.split_json()},
                 sort_keys=True),
             "charge_epsilon": float(charge.epsilon) if isinstance(charge, PureDP) else None,
             "charge_rho": float(charge.rho) if isinstance(charge, ZCDP) else None,
@@ -959,11 +749,8 @@ class Engine:
             "input_table_id": snapshot.table_id, "input_version": snapshot.version,
             "code_version": CODE_VERSION, "created_at": now,
         }
-        names = spec.key_columns
-        # ``keys``: {column: key} of the cell ({} for the global cell); set by the
-        # multi-statistic path, derived here for a single-metric release
-        return [{**common, "keys": dict(zip(names, (c["key"],))) if len(names) == 1 else {}, **c}
-                for c in cells]
+        # each cell carries ``keys``: {column: key} ({} for the global cell)
+        return [{**common, **c} for c in cells]
 
 
 def publish(spec: ReleaseSpec, env: EnvConfig, **kwargs) -> ReleaseResult:

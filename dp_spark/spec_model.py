@@ -13,10 +13,12 @@ laxer.
 
 Two forms, chosen by the presence of ``statistics`` (as the parser does):
 
-* :class:`SingleMetricSpec`: ``metric``, one ``group_by`` mapping, ``value``, ``mean``,
-  ``min_group_size``;
+* :class:`SingleMetricSpec`: ``metric``, one ``group_by`` mapping, ``value``, ``mean``
+  (rewritten at parse time into the ``statistics`` form: ``dp_spark.config``);
 * :class:`MultiStatisticSpec`: ``statistics``, ``group_by`` (one mapping or a list, each
-  with ``public_keys`` or ``private_keys``), ``where``.
+  with ``public_keys`` or ``private_keys``).
+
+Both take ``min_group_size`` and ``where``.
 
 :func:`release_spec_json_schema` is the JSON Schema of both (``dp-spark schema``; shipped as
 ``conf/release-spec.schema.json``, referenced from every ``conf/releases/*.yaml`` by a
@@ -421,6 +423,15 @@ class _SpecBase(_Model):
     columns: Optional[Annotated[list[Column], Field(min_length=1)]] = Field(
         None, description="columns the release may read (default: unit, group-by and value columns)")
     max_cells: _int_type(1, HARD_MAX_CELLS) = Field(1000, description="at most this many cells")  # type: ignore
+    min_group_size: Optional[MinGroupSizeModel] = Field(
+        None, json_schema_extra=_schema_any_of({"type": "integer", "minimum": 1}))
+    where: Optional[Annotated[str, Field(min_length=1, max_length=4000)]] = Field(
+        None, description="a public, row-wise Spark SQL predicate over 'columns'")
+
+    @field_validator("min_group_size", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        return {"threshold": v} if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("on_exhausted", mode="before")
     @classmethod
@@ -436,13 +447,6 @@ class SingleMetricSpec(_SpecBase):
     group_by: Optional[SingleGroupByModel] = None
     value: Optional[ValueModel] = None
     mean: Optional[MeanOptionsModel] = None
-    min_group_size: Optional[MinGroupSizeModel] = Field(
-        None, json_schema_extra=_schema_any_of({"type": "integer", "minimum": 1}))
-
-    @field_validator("min_group_size", mode="before")
-    @classmethod
-    def _threshold(cls, v: Any) -> Any:
-        return {"threshold": v} if isinstance(v, int) and not isinstance(v, bool) else v
 
 
 class MultiStatisticSpec(_SpecBase):
@@ -452,8 +456,6 @@ class MultiStatisticSpec(_SpecBase):
     statistics: Annotated[list[Statistic], Field(min_length=1)]
     group_by: Optional[Annotated[list[GroupByEntryModel], Field(min_length=1)]] = Field(
         None, json_schema_extra=lambda schema: _also_one_entry(schema))
-    where: Optional[Annotated[str, Field(min_length=1, max_length=4000)]] = Field(
-        None, description="a public, row-wise Spark SQL predicate over 'columns'")
 
     @field_validator("group_by", mode="before")
     @classmethod
@@ -473,8 +475,6 @@ _WRONG_FORM = {
                         "'metric', 'value' and 'mean'",
     ("multi", "mean"): "a release with 'statistics' declares its value columns per statistic: drop "
                        "'metric', 'value' and 'mean'",
-    ("multi", "min_group_size"): "is not supported on multi-statistic releases yet",
-    ("single", "where"): "is available on releases with 'statistics'",
     ("single", "group_by.private_keys"): "keys found privately need the multi-statistic form (a "
                                          "'statistics' list and a 'group_by' list); see docs/config.md",
 }

@@ -155,8 +155,8 @@ print(f"linked across two exports by the hash alone: {export['user_hash'].isin(n
 # COMMAND ----------
 
 from dp_spark.config import release_spec_from_dict  # noqa: E402
-from dp_spark.engine import build_partials, noise_cells, plan_release  # noqa: E402
-from dp_spark.aggregations import collect_partials  # noqa: E402
+from dp_spark.aggregations.query import build_query_partials, collect_query_partials  # noqa: E402
+from dp_spark.engine import plan_for  # noqa: E402
 from dp_spark.mechanisms.samplers import default_source  # noqa: E402
 
 EPSILON = 1.0
@@ -168,10 +168,9 @@ spec = release_spec_from_dict({
     "budget": {"id": "synthetic", "measure": "pure_dp", "epsilon": EPSILON},
 }, source="hashing_is_not_privacy")
 orders_df = spark.createDataFrame(orders[["user_id", "zip"]])
-partials = collect_partials(build_partials(orders_df, spec, salt="synthetic-demo-salt"), key_col="zip",
-                            public_keys=list(spec.keys), has_sum=False)
-plan = plan_release(spec)
-released = pd.DataFrame(noise_cells(plan, partials, default_source()))
+plan = plan_for(spec)
+partials = collect_query_partials(build_query_partials(orders_df, plan, salt="synthetic-demo-salt"), plan)
+released = pd.DataFrame(plan.noise(partials, default_source())).drop(columns=["keys"])
 nb.show(released[["key", "value", "ci_low", "ci_high", "mechanism"]].head(8), "the DP release (first rows)")
 print(f"columns of the release: {sorted(released.columns)}")
 assert "user_hash" not in released.columns and "user_id" not in released.columns

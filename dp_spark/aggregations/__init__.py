@@ -1,13 +1,4 @@
-"""Partition-aware partial aggregates (rows, distinct units, fixed-point sums) per public key.
+"""One bounded Spark pass for every statistic of a release: partials per key tuple.
 
-See :mod:`dp_spark.aggregations.partials`.
+See :mod:`dp_spark.aggregations.query` (``build_query_partials``, ``collect_query_partials``).
 """
-
-from dp_spark.aggregations.partials import (
-    GLOBAL_KEY,
-    SUM_TYPE,
-    collect_partials,
-    compute_partials,
-)
-
-__all__ = ["GLOBAL_KEY", "SUM_TYPE", "collect_partials", "compute_partials"]

@@ -96,7 +96,7 @@ def rebound_spec(spec: ReleaseSpec, *, max_rows_per_unit: Optional[int] = None,
                  lower: Any = None, upper: Any = None) -> ReleaseSpec:
     """``spec`` with another K and/or clamp [L, U], re-validated and grid-aligned like a YAML
     spec (the config's own alignment of the clamp to the fixed-point grid)."""
-    from dp_spark.config import _grid_align  # the config's alignment: one definition of the grid
+    from dp_spark.config import _grid_align, legacy_statistics  # the config's alignment and rewrite
 
     b = spec.bounds
     k = b.max_rows_per_unit if max_rows_per_unit is None else max_rows_per_unit
@@ -119,7 +119,10 @@ def rebound_spec(spec: ReleaseSpec, *, max_rows_per_unit: Optional[int] = None,
         max_rows_per_partition=linf,
         lower=None if value is None else value.lower, upper=None if value is None else value.upper,
     )
-    return dataclasses.replace(spec, bounds=bounds, value=value)
+    if spec.metric is None:
+        raise ConfigError("rebound_spec takes a single-metric spec")
+    return dataclasses.replace(spec, bounds=bounds, value=value,
+                               statistics=legacy_statistics(spec.metric, value, spec.mean))
 
 
 # --------------------------------------------------------------------------------------
@@ -132,13 +135,16 @@ def _as_units(per_unit_values: Iterable[Sequence[float]]) -> list[np.ndarray]:
 
 
 def _noise_variances(spec: ReleaseSpec) -> dict[str, float]:
-    """Per-cell noise variances (real units) of the spec's statistics, from the engine's plan."""
-    from dp_spark.engine import plan_release
+    """Per-cell noise variances (real units) of the spec's noisy components, from the engine's
+    plan: ``count`` (rows), ``sum``, ``normalised_sum``."""
+    from dp_spark.engine import plan_for
 
+    plan = plan_for(spec)
     out = {}
-    for p in plan_release(spec).statistics:
-        unit = float(Fraction(2) ** p.grid_exponent)
-        out[p.statistic] = (float(p.stddev_grid) * unit) ** 2
+    for comp, p in zip(plan.components, plan.statistics):
+        name = {"rows": "count", "units": "distinct_units", "sum": "sum",
+                "nsum": "sum" if spec.metric == "sum" else "normalised_sum"}[comp.kind]
+        out[name] = (float(p.stddev_grid) * float(p.grid_unit)) ** 2
     return out
 
 

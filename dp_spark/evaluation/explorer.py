@@ -3,9 +3,10 @@
 There is no correct epsilon without a query, a data distribution and a threat model. The
 explorer makes the trade-off visible *before* anything is released: for a pre-registered spec
 it re-plans the release at other budgets (``dataclasses.replace(spec, charge=...)`` then
-:func:`dp_spark.engine.plan_release`, so the sensitivities, the budget split of a mean, the
-grid and the noise scales are exactly those the engine would use) and turns the noise
-distributions into expected absolute and relative errors for an ASSUMED group size.
+:func:`dp_spark.engine.plan_for`, so the sensitivities, the budget split, the grid and the
+noise scales are exactly those the engine would use) and turns the noise distributions into
+expected absolute and relative errors for an ASSUMED group size. Any spec: every statistic
+of it, whichever form it was written in.
 
 Privacy contract: reads no data. Every input is public: the spec, a list of assumed group
 sizes, a list of budgets and an assumed mean value. Nothing here is charged, so it may be run
@@ -14,10 +15,11 @@ and truncation depends on the data and is measured by :mod:`dp_spark.evaluation.
 evaluation data.
 
 Group size. The true value of the cell's count: rows (orders) for ``count``, ``sum`` and
-``mean`` releases, distinct units (users) for ``distinct_units``. A sum's true value is
-``group_size * assumed_mean``; a mean's is ``assumed_mean`` (default: the spec's own public
-``mean.assumed_mean`` when it declares one, else the midpoint of the clamp bounds, the value
-the normalised sum is centred on).
+``mean`` statistics, distinct units (users) for ``distinct_units``. A sum's true value is
+``group_size * assumed_mean``; a mean's and a quantile's ``assumed_mean`` (default: the
+statistic's own public ``assumed_mean`` when it declares one, else the midpoint of its clamp
+bounds, the value the normalised sum is centred on); a variance's and a stddev's 0 (every row
+at the assumed mean: the statement is about the noise).
 
 Errors. For a noised statistic with noise X (grid units 2^k):
 
@@ -25,14 +27,14 @@ Errors. For a noised statistic with noise X (grid units 2^k):
   discrete Gaussian, as in the release table);
 * ``halfwidth`` = the release's interval half-width at the spec's confidence: the smallest h
   with P(|X| <= h) >= confidence (:mod:`dp_spark.mechanisms.accuracy`);
-* for a mean (noisy normalised sum over the noisy count, count floored): exactly what the
-  engine publishes for a cell whose noisy count is the group size and whose noisy sum is
-  group size x (assumed mean - midpoint), i.e. the expected noisy values. The engine and the
-  explorer call the same :func:`dp_spark.mechanisms.mean.mean_cell_accuracy`: ``halfwidth``
-  is the larger side of the published interval (the large-count interval when it applies,
-  else the union bound), ``expected_abs_error`` the published one (both noises, first order),
-  ``noise_stddev`` the published one (the sum's noise over the count). Tested against the
-  engine's ``noise_cells`` with zero noise, for every statistic kind.
+* every statistic: exactly what the engine publishes for a cell whose noisy components are
+  their expected values (the noisy count is the group size, the noisy normalised sum group
+  size x (assumed mean - midpoint), ...): the statistic kind's own post-processing
+  (``StatisticKind.finish``; a mean's :func:`dp_spark.mechanisms.mean.mean_cell_accuracy`).
+  ``halfwidth`` is the larger side of the published interval (for a mean the large-count
+  interval when it applies, else the union bound), ``expected_abs_error`` and
+  ``noise_stddev`` the published ones. Tested against the engine's ``QueryPlan.noise`` with
+  zero noise, for every statistic kind.
 
 Relative errors divide by |true value|; they are ``inf`` when the true value is 0.
 Nothing here imports pyspark.
@@ -86,12 +88,14 @@ def _budget_value(b: Budget) -> Fraction:
 
 def plan_at(spec: ReleaseSpec, budget: Number | Budget):
     """The engine's plan of ``spec`` with its charge replaced by ``budget`` (no data read)."""
-    from dp_spark.engine import plan_release
+    from dp_spark.engine import plan_for
 
     charge = budget if isinstance(budget, (PureDP, ZCDP)) else budget_of(spec, budget)
     if type(charge) is not type(spec.charge):
         raise ConfigError("the explored budget must be in the spec's measure")
-    return plan_release(dataclasses.replace(spec, charge=charge))
+    if spec.private_key_sets:  # the selection's delta stays with the charge
+        charge = type(charge)(_budget_value(charge), spec.charge.delta_part)
+    return plan_for(dataclasses.replace(spec, charge=charge))
 
 
 def _alpha(confidence: Optional[Number], spec: ReleaseSpec) -> Fraction:
@@ -101,16 +105,16 @@ def _alpha(confidence: Optional[Number], spec: ReleaseSpec) -> Fraction:
     return 1 - conf
 
 
-def _assumed_mean(spec: ReleaseSpec, assumed_mean: Optional[Number]) -> Optional[Fraction]:
-    """The assumed value per row: the argument, else the spec's own public
-    ``mean.assumed_mean``, else the midpoint of the clamp bounds."""
-    if spec.value is None:
-        return None
-    if assumed_mean is None:
-        own = spec.mean.assumed_mean if getattr(spec, "mean", None) is not None else None
-        return own if own is not None else (spec.value.lower + spec.value.upper) / 2
-    m = to_fraction(assumed_mean, "assumed_mean")
-    return m
+def _assumed_means(spec: ReleaseSpec, assumed_mean: Optional[Number]) -> dict[str, Fraction]:
+    """The assumed value per row of each statistic with a value column: the argument, else the
+    statistic's own public ``assumed_mean``, else the midpoint of its clamp bounds."""
+    given = None if assumed_mean is None else to_fraction(assumed_mean, "assumed_mean")
+    out = {}
+    for s in spec.statistics:
+        if s.clamp is not None:
+            own = s.option("assumed_mean")
+            out[s.name] = given if given is not None else (own if own is not None else s.clamp.midpoint)
+    return out
 
 
 def _check_group_size(n: Any) -> int:
@@ -122,87 +126,62 @@ def _check_group_size(n: Any) -> int:
 # --------------------------------------------------------------------------------------
 # Accuracy of one planned statistic
 # --------------------------------------------------------------------------------------
-def _expected_abs_grid(p) -> float:
-    """E|noise| in grid units: the engine's own function (the release table's expected_abs_error)."""
-    from dp_spark.engine import _expected_abs
-
-    return _expected_abs(p)
-
-
-def _unit(p) -> Fraction:
-    return Fraction(2) ** p.grid_exponent
-
-
-def _simple_accuracy(p, true_value: float, alpha: Fraction) -> dict[str, float]:
-    unit = float(_unit(p))
-    abs_err = _expected_abs_grid(p) * unit
-    h = float(p.halfwidth_grid(alpha)) * unit
-    denom = abs(true_value)
-    return {
-        "noise_stddev": float(p.stddev_grid) * unit,
-        "expected_abs_error": abs_err,
-        "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
-        "halfwidth": h,
-        "rel_halfwidth": h / denom if denom > 0 else math.inf,
-    }
+def _expected_component(comp, n: int, mean: Optional[Fraction]):
+    """A component's expected value in a cell of ``n`` rows (units), every value ``mean``
+    (clamped and on the value grid, as the engine aggregates it): real units."""
+    if comp.kind in ("rows", "units"):
+        return Fraction(n)
+    c = comp.clamp
+    k = c.grid_exponent
+    v = min(max(Fraction(mean), c.lower), c.upper)
+    v = Fraction(round(v * Fraction(2) ** -k)) * Fraction(2) ** k
+    if comp.kind == "sum":
+        return n * v
+    if comp.kind == "nsum":
+        return n * (v - c.midpoint)
+    if comp.kind == "nsumsq":
+        return n * ((v - c.midpoint) ** 2 - c.half_width ** 2 / 2)
+    if comp.kind == "hist":
+        span = c.upper - c.lower
+        j = min(max(int((v - c.lower) / span * comp.bins), 0), comp.bins - 1) if span > 0 else 0
+        return [Fraction(n) if i == j else Fraction(0) for i in range(comp.bins)]
+    raise ConfigError(f"unknown component kind {comp.kind!r}")
 
 
-def _mean_accuracy(spec: ReleaseSpec, plan, n: int, mean: Fraction, alpha: Fraction) -> dict[str, float]:
-    """What the engine publishes for a mean cell whose noisy count is n and whose noisy
-    normalised sum is n (mean - mid) on the grid (the expected noisy values: no noise drawn):
-    the same function as the engine's noise_cells (:func:`~dp_spark.mechanisms.mean.mean_cell_accuracy`),
-    so the interval (large-count law or union bound) and the expected error (both noises) are
-    exactly those the release would carry for those values."""
-    from dp_spark.mechanisms.mean import mean_cell_accuracy
-    from dp_spark.mechanisms.release import grid_midpoint, value_to_grid
-
-    by = {p.statistic: p for p in plan.statistics}
-    pc, ps = by["count"], by["normalised_sum"]
-    lo_b, hi_b = spec.value.lower, spec.value.upper
-    k = ps.grid_exponent
-    unit = Fraction(2) ** k
-    # the engine's noisy normalised sum at zero noise: rows x (value - midpoint) in grid units
-    nsum = n * (value_to_grid(mean, spec.bounds, k) - grid_midpoint(spec.bounds, k)) * unit
-    acc = mean_cell_accuracy(nsum, Fraction(n), (lo_b + hi_b) / 2, lo_b, hi_b, spec.mean.min_count, alpha,
-                             mechanism=ps.mechanism, sum_scale=ps.scale, sum_unit=unit, count_scale=pc.scale)
-    m = acc["value"]
-    h = float(max(acc["ci_high"] - m, m - acc["ci_low"]))
-    abs_err = float(acc["expected_abs_error"])
-    denom = abs(float(min(max(mean, lo_b), hi_b)))
-    return {
-        "noise_stddev": float(acc["noise_stddev"]),
-        "expected_abs_error": abs_err,
-        "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
-        "halfwidth": h,
-        "rel_halfwidth": h / denom if denom > 0 else math.inf,
-    }
+def _true_value(stat, n: int, mean: Optional[Fraction]) -> float:
+    if stat.kind in ("count", "distinct_units"):
+        return float(n)
+    if stat.kind == "sum":
+        return float(n * mean)
+    if stat.kind in ("variance", "stddev"):
+        return 0.0
+    return float(min(max(mean, stat.clamp.lower), stat.clamp.upper))
 
 
-def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, mean: Optional[Fraction],
+def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, Fraction],
               alpha: Fraction) -> list[dict[str, Any]]:
+    from dp_spark.statistics.base import kind_of
+
     measure = budget.MEASURE
     common = {"release": spec.name, "measure": measure, "budget": float(_budget_value(budget)),
               "budget_exact": str(_budget_value(budget)), "group_size": n,
               "confidence": float(1 - alpha),
               "mean_split": None if plan.mean_split is None else float(plan.mean_split)}
     rows: list[dict[str, Any]] = []
-    if spec.metric in ("count", "distinct_units"):
-        p = plan.statistics[0]
-        rows.append({**common, "statistic": spec.metric, "true_value": float(n), "assumed_mean": None,
-                     "mechanism": p.mechanism, **_simple_accuracy(p, n, alpha)})
-    elif spec.metric == "sum":
-        p = plan.statistics[0]
-        true = float(n * mean)
-        rows.append({**common, "statistic": "sum", "true_value": true, "assumed_mean": float(mean),
-                     "mechanism": p.mechanism, **_simple_accuracy(p, true, alpha)})
-    else:  # mean: the count cell and the mean cell, as the release publishes both
-        by = {p.statistic: p for p in plan.statistics}
-        pc = by["count"]
-        rows.append({**common, "statistic": "count", "true_value": float(n), "assumed_mean": None,
-                     "mechanism": pc.mechanism, **_simple_accuracy(pc, n, alpha)})
-        rows.append({**common, "statistic": "mean", "true_value": float(mean), "assumed_mean": float(mean),
-                     "mechanism": by["normalised_sum"].mechanism,
-                     **_mean_accuracy(spec, plan, n, mean, alpha)})
+    for stat, comps in zip(spec.statistics, plan.stat_components):
+        mean = means.get(stat.name)
+        noisy = {c: _expected_component(c, n, mean) for c in comps}
+        out = kind_of(stat.kind).finish(stat, noisy, {c: plan.plan_of(c) for c in comps}, alpha)
+        v = float(out["value"])
+        h = max(float(out["ci_high"]) - v, v - float(out["ci_low"]))
+        true = _true_value(stat, n, mean)
+        denom = abs(true)
+        abs_err = float(out["expected_abs_error"])
+        rows.append({**common, "statistic": stat.name, "kind": stat.kind, "true_value": true,
+                     "assumed_mean": None if mean is None else float(mean), "mechanism": out["mechanism"],
+                     "noise_stddev": float(out["noise_stddev"]), "expected_abs_error": abs_err,
+                     "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
+                     "halfwidth": h, "rel_halfwidth": h / denom if denom > 0 else math.inf})
     return rows
 
 
@@ -221,25 +200,25 @@ def explore(spec: ReleaseSpec, group_sizes: Sequence[int], budgets: Sequence[Num
     if not sizes or not budgets:
         raise ConfigError("give at least one group size and one budget")
     alpha = _alpha(confidence, spec)
-    mean = _assumed_mean(spec, assumed_mean)
+    means = _assumed_means(spec, assumed_mean)
     rows: list[dict[str, Any]] = []
     for b in budgets:
         budget = budget_of(spec, b)
         plan = plan_at(spec, budget)
         for n in sizes:
-            rows.extend(_rows_for(spec, plan, budget, n, mean, alpha))
+            rows.extend(_rows_for(spec, plan, budget, n, means, alpha))
     return rows
 
 
 def headline_statistic(spec: ReleaseSpec) -> str:
-    """The statistic a person reads: the mean for a mean release, else the metric itself."""
-    return "mean" if spec.metric == "mean" else spec.metric
+    """The statistic a person reads: the mean of a single-metric mean release (which publishes
+    its count too), else the spec's first statistic."""
+    return "mean" if spec.metric == "mean" else spec.statistics[0].name
 
 
-def _rel_halfwidth_at(spec: ReleaseSpec, budget: Budget, n: int, mean: Optional[Fraction],
-                      alpha: Fraction) -> float:
-    rows = _rows_for(spec, plan_at(spec, budget), budget, n, mean, alpha)
-    stat = headline_statistic(spec)
+def _rel_halfwidth_at(spec: ReleaseSpec, budget: Budget, n: int, means: dict[str, Fraction],
+                      alpha: Fraction, stat: str) -> float:
+    rows = _rows_for(spec, plan_at(spec, budget), budget, n, means, alpha)
     return next(r["rel_halfwidth"] for r in rows if r["statistic"] == stat)
 
 
@@ -268,17 +247,19 @@ def smallest_budget(spec: ReleaseSpec, group_size: int, target_relative_error: N
     if target <= 0:
         raise ConfigError("the error target must be > 0")
     alpha = _alpha(confidence, spec)
-    mean = _assumed_mean(spec, assumed_mean)
-    stat = headline_statistic(spec)
-    true = Fraction(n) if stat in ("count", "distinct_units") else (n * mean if stat == "sum" else mean)
+    means = _assumed_means(spec, assumed_mean)
+    name = headline_statistic(spec)
+    stat = next(s for s in spec.statistics if s.name == name)
+    true = _true_value(stat, n, means.get(name))
     if true == 0:
         raise ConfigError("a relative error target needs a non-zero assumed true value")
     target_f = float(target)
 
     def meets(b: Fraction) -> bool:
-        return _rel_halfwidth_at(spec, budget_of(spec, b), n, mean, alpha) <= target_f
+        return _rel_halfwidth_at(spec, budget_of(spec, b), n, means, alpha, name) <= target_f
 
-    start = _calibrated_budget(spec, abs(true) * target, alpha) if stat != "mean" else None
+    start = (_calibrated_budget(spec, Fraction(abs(true)) * target, alpha)
+             if spec.metric in ("count", "distinct_units", "sum") else None)
     # bracket: meets(high) and not meets(low); the inverse makes the bracket tight at once
     high = start if start is not None and start > 0 else Fraction(1, 100)
     while not meets(high):
@@ -313,7 +294,8 @@ def _round_up(x: Fraction, rel_tol: float) -> Fraction:
 
 
 def _calibrated_budget(spec: ReleaseSpec, target_abs: Fraction, alpha: Fraction) -> Optional[Fraction]:
-    """The calibration inverse for a single-statistic spec, in the spec's measure."""
+    """The calibration inverse for a single-metric count, distinct count or sum (a starting
+    bracket only: the answer is confirmed on the plan), in the spec's measure."""
     from dp_spark.mechanisms import calibration
     from dp_spark.units import Aggregate, sensitivity
 

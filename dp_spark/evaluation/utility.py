@@ -11,8 +11,12 @@ to publish from the production data itself.
 How it works (fast: noise only)::
 
     exact partials {key: {rows, units[, sum_fixed]}}   (once: Spark, or built synthetically)
-      -> repeat R times: engine.noise_cells(plan, partials, source)   (the engine's own noise,
+      -> repeat R times: QueryPlan.noise(partials per cell, source)   (the engine's own noise,
          post-processing and intervals, exactly as a release would compute them)
+
+Any spec whose statistics are ``count``, ``distinct_units``, ``sum`` and ``mean`` over at most
+one value column (its clamp): the single-metric form (as its rewrite) and such multi-statistic
+specs. ``sum_fixed`` is the sum of that column's clamped values on its grid.
       -> per statistic and key: RMSE, mean absolute error (absolute and relative), coverage
          of the published intervals, the noise/post-processing bias, and the bias from
          clipping and truncation = bounded truth - unbounded truth
@@ -53,6 +57,8 @@ __all__ = [
     "exact_partials",
     "synthetic_partials",
     "plan_with_mean_split",
+    "cell_partials",
+    "noise_by_key",
     "unbounded_truth",
     "trend_differences",
     "discrete_laplace_difference_halfwidth",
@@ -68,9 +74,24 @@ NOT_PUBLISHABLE_NOTE = (
 # --------------------------------------------------------------------------------------
 # Truths
 # --------------------------------------------------------------------------------------
-def _statistics_of(spec: ReleaseSpec) -> tuple[str, ...]:
-    """The statistics a release of ``spec`` publishes per key (as in the release table)."""
-    return ("count", "mean") if spec.metric == "mean" else (spec.metric,)
+EVALUATED_KINDS = ("count", "distinct_units", "sum", "mean")
+
+
+def _clamp_of(spec: ReleaseSpec):
+    """The one value clamp of the spec's statistics (None without); refuses what the
+    evaluation's partials cannot hold."""
+    other = [s.name for s in spec.statistics if s.kind not in EVALUATED_KINDS]
+    clamps = list(dict.fromkeys(s.clamp for s in spec.statistics if s.clamp is not None))
+    if other or len(clamps) > 1:
+        raise ConfigError(f"the utility evaluation measures {list(EVALUATED_KINDS)} statistics over at most "
+                          "one value column (clamp)")
+    return clamps[0] if clamps else None
+
+
+def _statistics_of(spec: ReleaseSpec) -> dict[str, str]:
+    """{statistic: kind} of what a release of ``spec`` publishes per key (as in the release table)."""
+    _clamp_of(spec)
+    return {s.name: s.kind for s in spec.statistics}
 
 
 def bounded_truth(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Optional[float]]]:
@@ -78,21 +99,22 @@ def bounded_truth(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]]) 
 
     The mean of an empty cell is None (no true mean exists).
     """
-    out: dict[str, dict[str, Optional[float]]] = {s: {} for s in _statistics_of(spec)}
-    unit = Fraction(2) ** spec.value.grid_exponent if spec.value is not None else None
+    kinds = _statistics_of(spec)
+    clamp = _clamp_of(spec)
+    out: dict[str, dict[str, Optional[float]]] = {s: {} for s in kinds}
+    unit = Fraction(2) ** clamp.grid_exponent if clamp is not None else None
     for key in spec.keys:
         p = partials[key]
         rows = int(p["rows"])
-        if spec.metric == "count" or spec.metric == "mean":
-            out["count"][key] = float(rows)
-        if spec.metric == "distinct_units":
-            out["distinct_units"][key] = float(int(p["units"]))
-        if spec.metric in ("sum", "mean"):
-            s = int(p["sum_fixed"]) * unit
-            if spec.metric == "sum":
-                out["sum"][key] = float(s)
+        for stat, kind in kinds.items():
+            if kind == "count":
+                out[stat][key] = float(rows)
+            elif kind == "distinct_units":
+                out[stat][key] = float(int(p["units"]))
+            elif kind == "sum":
+                out[stat][key] = float(int(p["sum_fixed"]) * unit)
             else:
-                out["mean"][key] = float(s / rows) if rows > 0 else None
+                out[stat][key] = float(int(p["sum_fixed"]) * unit / rows) if rows > 0 else None
     return out
 
 
@@ -102,23 +124,45 @@ def _unbounded_by_stat(spec: ReleaseSpec, unbounded: Mapping[str, Mapping[str, A
     ``unbounded`` maps key -> {"rows", "units", "sum"} (raw aggregates, as returned by
     :func:`unbounded_truth`) or key -> {statistic: value}.
     """
-    out: dict[str, dict[str, Optional[float]]] = {s: {} for s in _statistics_of(spec)}
+    kinds = _statistics_of(spec)
+    out: dict[str, dict[str, Optional[float]]] = {s: {} for s in kinds}
     for key in spec.keys:
         raw = unbounded.get(key, {})
         rows = raw.get("rows", raw.get("count"))
-        for stat in out:
+        for stat, kind in kinds.items():
             if stat in raw:
                 v = raw[stat]
-            elif stat == "count":
+            elif kind == "count":
                 v = rows
-            elif stat == "distinct_units":
+            elif kind == "distinct_units":
                 v = raw.get("units")
-            elif stat == "sum":
+            elif kind == "sum":
                 v = raw.get("sum")
             else:  # mean
                 v = (raw["sum"] / rows) if raw.get("sum") is not None and rows else None
             out[stat][key] = None if v is None else float(v)
     return out
+
+
+def cell_partials(spec: ReleaseSpec, plan, partials: Mapping[str, Mapping[str, int]]) -> dict[int, dict[str, int]]:
+    """The evaluation's partials per key as the engine's partials per cell index (the columns
+    :meth:`Component.true_values` reads): rows, units, and the value sum as one exact part."""
+    out: dict[int, dict[str, int]] = {}
+    for i, key in enumerate(spec.keys):
+        p = partials[key]
+        cell = {"dp_rows": int(p.get("rows", 0)), "dp_units": int(p.get("units", 0))}
+        for comp in plan.components:
+            if comp.kind in ("sum", "nsum"):
+                alias = comp.sum_alias
+                cell.update({f"{alias}_lo": int(p["sum_fixed"]), f"{alias}_mid": 0, f"{alias}_hi": 0})
+        out[i] = cell
+    return out
+
+
+def noise_by_key(plan, partials: Mapping[str, Mapping[str, int]], source, components: Optional[dict] = None):
+    """The engine's noisy cells (:meth:`~dp_spark.statistics.plan.QueryPlan.noise`, one draw per
+    cell and component) of exact partials given per key ({key: {rows, units[, sum_fixed]}})."""
+    return plan.noise(cell_partials(plan.spec, plan, partials), source, components=components)
 
 
 def synthetic_partials(spec: ReleaseSpec, cells: Mapping[str, Sequence[Sequence[Any]]]
@@ -134,25 +178,28 @@ def synthetic_partials(spec: ReleaseSpec, cells: Mapping[str, Sequence[Sequence[
     reference path (:func:`dp_spark.mechanisms.release.value_to_grid`). Keys without data
     get zeros. Returns ``(partials, unbounded)`` in the formats :func:`evaluate` takes.
     """
+    from dataclasses import replace
+
     from dp_spark.mechanisms.release import kept_values, value_to_grid
 
     unknown = [k for k in cells if k not in spec.keys]
     if unknown:
         raise ConfigError("synthetic cells must use the spec's public keys")
-    b = spec.bounds
+    clamp = _clamp_of(spec)
+    b = spec.bounds if clamp is None else replace(spec.bounds, lower=clamp.lower, upper=clamp.upper)
     keep = min(b.max_rows_per_unit, b.max_rows_per_partition or b.max_rows_per_unit)
     partials: dict[str, dict[str, int]] = {}
     unbounded: dict[str, dict[str, Any]] = {}
     for key in spec.keys:
         units = [list(u) for u in cells.get(key, [])]
-        if spec.value is not None:
+        if clamp is not None:
             units = [kept_values(u) for u in units]
             units = [u for u in units if u]
         kept = [u[:keep] for u in units]
         p = {"rows": sum(len(u) for u in kept), "units": sum(1 for u in kept if u)}
         raw = {"rows": sum(len(u) for u in units), "units": sum(1 for u in units if u)}
-        if spec.value is not None:
-            k = spec.value.grid_exponent
+        if clamp is not None:
+            k = clamp.grid_exponent
             p["sum_fixed"] = sum(value_to_grid(v, b, k) for u in kept for v in u)
             raw["sum"] = float(sum(Fraction(v) for u in units for v in u))
         partials[key] = p
@@ -172,13 +219,29 @@ def exact_partials(df, spec: ReleaseSpec, *, salt: Optional[str] = None) -> dict
     require_test_mode("exact_partials (exact, non-DP partials of a DataFrame)",
                       "evaluate on synthetic data (synthetic_partials) in tests; a release of "
                       "protected data goes through Engine.publish, which is charged")
-    from dp_spark.aggregations import collect_partials
-    from dp_spark.engine import build_partials
+    from dataclasses import replace
 
+    from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+    from dp_spark.statistics.base import StatisticSpec
+    from dp_spark.statistics.plan import plan_query
+
+    clamp = _clamp_of(spec)
+    if spec.private_key_sets:
+        raise ConfigError("the utility evaluation needs public keys")
     salt = salt or secrets.token_hex(32)
-    pdf = build_partials(df, spec, salt)
-    return collect_partials(pdf, key_col=spec.group_by.column if spec.group_by else None,
-                            public_keys=list(spec.keys), has_sum=spec.value is not None)
+    # the engine's own bounded pass, planned for rows, units and the value sum
+    measured = (StatisticSpec(name="rows", kind="count"), StatisticSpec(name="units", kind="distinct_units"),
+                *(() if clamp is None else (StatisticSpec(name="sum", kind="sum", clamp=clamp),)))
+    plan = plan_query(replace(spec, statistics=measured, min_group_size=None))
+    got = collect_query_partials(build_query_partials(df, plan, salt), plan)
+    out: dict[str, dict[str, int]] = {}
+    for i, key in enumerate(spec.keys):
+        p = got.get(i, {})
+        out[key] = {"rows": p.get("dp_rows", 0), "units": p.get("dp_units", 0)}
+        if clamp is not None:
+            nsum = next(c for c in plan.components if c.kind in ("sum", "nsum"))
+            out[key]["sum_fixed"] = nsum.exact_sum(p)
+    return out
 
 
 def unbounded_truth(df, spec: ReleaseSpec) -> dict[str, dict[str, Any]]:
@@ -195,52 +258,51 @@ def unbounded_truth(df, spec: ReleaseSpec) -> dict[str, dict[str, Any]]:
     from pyspark.sql import functions as F
 
     unit = spec.unit.column
+    clamp = _clamp_of(spec)
+    if len(spec.key_columns) > 1 or spec.private_key_sets:
+        raise ConfigError("unbounded_truth takes a spec with at most one public key column")
     d = df.where(F.col(unit).isNotNull())
-    if spec.group_by is not None:
-        key = spec.group_by.column
+    if spec.key_columns:
+        key = spec.key_columns[0]
         d = d.withColumn("__dp_key", F.col(key).cast("string")).where(F.col("__dp_key").isin(list(spec.keys)))
     else:
         d = d.withColumn("__dp_key", F.lit("__all__"))
     aggs = [F.count(F.lit(1)).alias("rows"), F.countDistinct(F.col(unit)).alias("units")]
-    if spec.value is not None:
-        v = F.col(spec.value.column).cast("double")
+    if clamp is not None:
+        v = F.col(clamp.column).cast("double")
         aggs.append(F.sum(F.when(v.isNotNull() & ~F.isnan(v), v)).alias("sum"))
     got = {r["__dp_key"]: r.asDict() for r in d.groupBy("__dp_key").agg(*aggs).collect()}
     out: dict[str, dict[str, Any]] = {}
     for k in spec.keys:
         r = got.get(k)
         out[k] = {"rows": int(r["rows"]) if r else 0, "units": int(r["units"]) if r else 0}
-        if spec.value is not None:
+        if clamp is not None:
             out[k]["sum"] = float(r["sum"] or 0.0) if r else 0.0
     return out
 
 
 def plan_with_mean_split(spec: ReleaseSpec, split: Any):
-    """The engine's plan of a mean ``spec`` with the sum/count budget split forced to ``split``.
+    """The engine's plan of a one-mean ``spec`` with the sum/count budget split forced to ``split``
+    (the normalised sum's share).
 
-    For comparisons only (e.g. the engine's split against a naive 1/2): the statistics are
-    planned by the core's :func:`~dp_spark.mechanisms.release.plan_statistic` exactly as
-    :func:`dp_spark.engine.plan_release` plans them, so the total cost is the spec's charge.
+    For comparisons only (e.g. the engine's split against a naive 1/2): the components are
+    planned exactly as :func:`dp_spark.statistics.plan.plan_query` plans them, so the total
+    cost is the spec's charge.
     """
-    from dp_spark.budget import PureDP, ZCDP
-    from dp_spark.engine import ReleasePlan
-    from dp_spark.mechanisms.release import plan_statistic
-    from dp_spark.units import Aggregate
+    from dataclasses import replace
 
-    if spec.metric != "mean":
-        raise ConfigError("only a mean release has a budget split")
+    from dp_spark.statistics.plan import _share, plan_query
+
+    plan = plan_query(spec)
+    if plan.mean_split is None:
+        raise ConfigError("only a release of one mean (and its count) has a budget split")
     f = Fraction(split) if not isinstance(split, float) else Fraction(repr(split))
     if not 0 < f < 1:
         raise ConfigError("a mean split must be in (0, 1)")
-    charge = spec.charge
-    sum_share = PureDP(charge.epsilon * f) if isinstance(charge, PureDP) else ZCDP(charge.rho * f)
-    count_share = charge - sum_share
-    b, rel, k, cells = spec.bounds, spec.neighbouring, spec.value.grid_exponent, spec.cells
-    stats = (
-        plan_statistic("count", Aggregate.ROW_COUNT, b, rel, count_share, 0, cells),
-        plan_statistic("normalised_sum", Aggregate.NORMALISED_SUM, b, rel, sum_share, k, cells),
-    )
-    return ReleasePlan(spec=spec, statistics=stats, mean_split=f)
+    fractions = tuple(f if c.kind == "nsum" else 1 - f for c in plan.components)
+    plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, fr), spec.cells)
+                  for c, fr in zip(plan.components, fractions))
+    return replace(plan, fractions=fractions, statistics=plans, mean_split=f)
 
 
 # --------------------------------------------------------------------------------------
@@ -271,8 +333,8 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
       it the clipping/truncation bias columns are NaN;
     * ``seed``: a test seed (``SeededNoiseSource``, needs DP_SPARK_TEST_MODE=1); None uses
       the production sampler (no seed, not reproducible);
-    * ``plan``: a :class:`~dp_spark.engine.ReleasePlan` to evaluate instead of the engine's
-      (e.g. another budget split); default ``plan_release(spec)``.
+    * ``plan``: a :class:`~dp_spark.statistics.plan.QueryPlan` to evaluate instead of the
+      engine's (e.g. another budget split); default ``plan_for(spec)``.
 
     Returns ``(frame, summary)``. ``frame`` has one row per (statistic, key) with: group_size,
     bucket, true_bounded, true_unbounded, clipping_bias (bounded - unbounded, the reported
@@ -283,7 +345,7 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
     coverage_unbounded, mean_halfwidth, reported_expected_abs_error, repeats, publishable.
     ``summary`` pools them per statistic and per group-size bucket; ``publishable`` is False.
     """
-    from dp_spark.engine import noise_cells, plan_release
+    from dp_spark.engine import plan_for
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError("repeats must be an integer >= 1")
@@ -293,9 +355,11 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
     edges = tuple(float(b) for b in buckets)
     if len(edges) < 2 or any(b >= a for a, b in zip(edges[1:], edges[:-1])) or edges[0] > 0:
         raise ConfigError("buckets must be increasing edges starting at or below 0")
-    plan = plan or plan_release(spec)
+    plan = plan or plan_for(spec)
     source = source or _source(seed)
-    stats = _statistics_of(spec)
+    kinds = _statistics_of(spec)
+    stats = tuple(kinds)
+    cell_partials_ = cell_partials(spec, plan, partials)
     keys = list(spec.keys)
     idx = {k: i for i, k in enumerate(keys)}
     vals = {s: np.full((repeats, len(keys)), np.nan) for s in stats}
@@ -303,7 +367,7 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
     highs = {s: np.full((repeats, len(keys)), np.nan) for s in stats}
     reported = {s: np.zeros(len(keys)) for s in stats}
     for r in range(repeats):
-        for c in noise_cells(plan, partials, source):
+        for c in plan.noise(cell_partials_, source):
             s, i = c["statistic"], idx[c["key"]]
             vals[s][r, i] = c["value"]
             lows[s][r, i] = c["ci_low"]
@@ -317,7 +381,7 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
         for k in keys:
             i = idx[k]
             p = partials[k]
-            size = int(p["units"]) if s == "distinct_units" else int(p["rows"])
+            size = int(p["units"]) if kinds[s] == "distinct_units" else int(p["rows"])
             tb = bounded[s][k]
             tu = None if unb is None else unb[s][k]
             v, lo, hi = vals[s][:, i], lows[s][:, i], highs[s][:, i]

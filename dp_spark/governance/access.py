@@ -416,7 +416,7 @@ def _matches(spec: Any, registered: Any) -> bool:
         return True
     if not spec.name.startswith(registered.name) or spec.name == registered.name:
         return False
-    if getattr(spec, "statistics", ()):
+    if getattr(spec, "metric", None) is None:
         # a multi-statistic spec restricted on its date-keyed column (a daily refresh)
         dated, reg_dated = spec.date_key_set, registered.date_key_set
         if dated is None or reg_dated is None or dated.column != reg_dated.column:

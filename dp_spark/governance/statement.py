@@ -246,8 +246,9 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         "on_exhausted": spec.on_exhausted.policy,
         "source": str(spec.source),
     }
-    if getattr(spec, "statistics", ()):
-        # the multi-statistic form: every statistic, every key column, the public filter
+    if getattr(spec, "metric", None) is None:
+        # written in the multi-statistic form: every statistic, every key column, the public
+        # filter (a single-metric spec is stated as written: metric, group_by, clamp, mean)
         d["statistics"] = [s.canonical() for s in spec.statistics]
         d["group_by"] = [{"column": k.column, "kind": k.kind, "cells": len(k.values),
                           "first_key": k.values[0], "last_key": k.values[-1]}
@@ -270,6 +271,8 @@ def _spec_json(spec: Any) -> dict[str, Any]:
                 "units_for_even_odds": sel.count_for(0.5),
                 "units_for_95_percent": sel.count_for(0.95),
             }
+    elif getattr(spec, "where", None) is not None:
+        d["where"] = spec.where
     mgs = getattr(spec, "min_group_size", None)
     if mgs is not None:
         d["min_group_size"] = mgs.to_json() if hasattr(mgs, "to_json") else mgs

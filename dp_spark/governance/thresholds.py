@@ -155,18 +155,21 @@ def _union_halfwidth(cells: Sequence[Mapping[str, Any]], alpha: float) -> float:
     return float(sum(noise_halfwidth(c["mechanism"], _scale_grid(c), alpha / m) * float(c["grid"]) for c in cells))
 
 
-# Accuracy fields that are functions of the noisy values, per statistic. A mean's
+# Accuracy fields that are functions of the noisy values, per statistic kind. A mean's
 # noise_stddev is the sum's noise sd over the floored noisy count, and its expected error
-# depends on the noisy count and mean: published for a suppressed cell they would give the
-# withheld count away (sd_sum / noise_stddev = the noisy count). A count's or a sum's are
-# public noise parameters (the same for every cell of the release) and stay.
-DATA_DEPENDENT_FIELDS = {"mean": ("noise_stddev", "expected_abs_error")}
+# depends on the noisy count and mean (a variance's, a stddev's and a quantile's likewise):
+# published for a suppressed cell they would give the withheld count away (sd_sum /
+# noise_stddev = the noisy count). A count's or a sum's are public noise parameters (the same
+# for every cell of the release) and stay.
+PUBLIC_ACCURACY_KINDS = ("count", "distinct_units", "sum", "normalised_sum")
+DATA_DEPENDENT_FIELDS = ("noise_stddev", "expected_abs_error")
 
 
-def _suppressed(cell: Mapping[str, Any]) -> dict[str, Any]:
+def _suppressed(cell: Mapping[str, Any], kind: Optional[str] = None) -> dict[str, Any]:
     out = dict(cell)
     out.update(value=_NAN, ci_low=_NAN, ci_high=_NAN, suppressed=True)
-    out.update({f: _NAN for f in DATA_DEPENDENT_FIELDS.get(cell.get("statistic"), ()) if f in out})
+    if (kind or cell.get("statistic")) not in PUBLIC_ACCURACY_KINDS:
+        out.update({f: _NAN for f in DATA_DEPENDENT_FIELDS if f in out})
     return out
 
 
@@ -225,6 +228,7 @@ def apply_min_group_size(
     other_key: str = OTHER_KEY,
     confidence: Optional[float] = None,
     extra: Optional[Mapping[str, Any]] = None,
+    kinds: Optional[Mapping[str, str]] = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Threshold the released cells on their NOISY count; return (new cells, suppressed keys).
 
@@ -240,7 +244,20 @@ def apply_min_group_size(
     when the cells include a ``mean``, ``extra = {"normalised_sum": {key: noisy normalised
     sum (real units)}, "lower": L, "upper": U, "min_count": floor}`` (enforced clamp bounds
     and the mean's count floor; optionally ``"count": {key: unclamped noisy count}``).
+
+    ``kinds``: {statistic name: kind} when the names are not the kinds (a multi-statistic
+    release); ``extra`` is then keyed by the name of each mean statistic.
     """
+    kinds = dict(kinds or {})
+
+    def kind(stat: str) -> str:
+        return kinds.get(stat, stat)
+
+    def extra_of(stat: str) -> Optional[Mapping[str, Any]]:
+        if extra is None or "normalised_sum" in extra:  # one mean, its options at the top level
+            return extra
+        return extra.get(stat)
+
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ConfigError("threshold must be an integer >= 1")
     if strategy not in STRATEGIES:
@@ -266,8 +283,8 @@ def apply_min_group_size(
 
     below = [k for k in keys if small(count_of[k])]
     below_set = set(below)
-    out = [_suppressed(c) if c["key"] in below_set else {**c, "suppressed": bool(c.get("suppressed", False))}
-           for c in cells]
+    out = [_suppressed(c, kind(c["statistic"])) if c["key"] in below_set
+           else {**c, "suppressed": bool(c.get("suppressed", False))} for c in cells]
     suppressed_keys = list(below)
     if strategy == "suppress" or not below:
         return out, suppressed_keys
@@ -288,19 +305,20 @@ def apply_min_group_size(
         for stat in stats:
             group = [next(c for c in small_cells if c["key"] == k and c["statistic"] == stat)
                      for k in usable]
-            if stat in ADDITIVE:
-                merged.append(_merge_additive(group, other_key, alpha, stat in ("count", "distinct_units"), usable))
-            elif stat == "mean":
-                if extra is None:
+            if kind(stat) in ADDITIVE:
+                merged.append(_merge_additive(group, other_key, alpha, kind(stat) in ("count", "distinct_units"),
+                                              usable))
+            elif kind(stat) == "mean":
+                if extra_of(stat) is None:
                     raise ConfigError("merge_other for a mean needs the noisy normalised sums (extra); "
                                       "use strategy 'suppress' otherwise")
                 counts = [count_of[k] for k in usable]
-                merged.append(_merge_mean(group, counts, other_key, alpha, extra, usable))
+                merged.append(_merge_mean(group, counts, other_key, alpha, extra_of(stat), usable))
             else:
                 raise ConfigError(f"merge_other cannot combine statistic '{stat}'")
         other_count = next(c for c in merged if c["statistic"] == count_statistic)
         if small(other_count):
-            merged = [_suppressed(c) for c in merged]
+            merged = [_suppressed(c, kind(c["statistic"])) for c in merged]
             suppressed_keys.append(other_key)
     return out + merged, suppressed_keys
 

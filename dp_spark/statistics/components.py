@@ -187,12 +187,23 @@ class Component:
                     for j in range(self.bins)}
         raise ValueError(f"unknown component kind {self.kind!r}")
 
+    @property
+    def sum_alias(self) -> str:
+        """The prefix of the partial columns of a ``sum`` / ``nsum`` component's clamped value
+        sum (``<alias>_lo``, ``_mid``, ``_hi``: three exact long parts)."""
+        return f"dp_s_{_tag(self.clamp)}"
+
+    def exact_sum(self, partials: dict[str, int], alias: Optional[str] = None) -> int:
+        """The exact sum of the parts ``<alias>_hi`` 2^42 + ``_mid`` 2^21 + ``_lo`` of one cell."""
+        alias = alias or self.sum_alias
+        return (partials.get(f"{alias}_hi", 0) << (2 * _PART_BITS)) + \
+            (partials.get(f"{alias}_mid", 0) << _PART_BITS) + partials.get(f"{alias}_lo", 0)
+
     def true_values(self, partials: dict[str, int]) -> list[int]:
         """This component's exact grid integers for one cell, from the collected partials
         (a dict of longs; a cell absent from the data has all zeros)."""
         def exact(alias: str) -> int:
-            return (partials.get(f"{alias}_hi", 0) << (2 * _PART_BITS)) + \
-                (partials.get(f"{alias}_mid", 0) << _PART_BITS) + partials.get(f"{alias}_lo", 0)
+            return self.exact_sum(partials, alias)
 
         if self.kind == "rows":
             return [partials.get("dp_rows", 0)]

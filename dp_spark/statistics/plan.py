@@ -19,6 +19,17 @@ w_i / sum w of the charge, split over its own components by the same rule; a com
 shared by several statistics receives the sum of their parts. Shares are rounded to
 multiples of 10^-6 of the charge (each >= 10^-6) and sum to the charge exactly.
 
+One mean. A release whose statistics are one ``mean`` and, optionally, the ``count`` of the
+same rows (what a single-``metric: mean`` spec is rewritten into), without weights, splits
+its charge by the mean's numeric optimum instead
+(:func:`dp_spark.mechanisms.mean.optimal_mean_split`: the worst-case expected squared error
+of the clamped, floored estimator at the assumed group size, count noise included). Measured
+against the first-order split above (``tests/unit/test_statistics.py``,
+``test_one_mean_takes_the_numeric_split``): never worse (within the k/100 grid of the
+numeric search, 0.5%), and up to 1.8x lower at small groups and Linf > 1, where the
+first-order model misses the floor and the clamp. ``QueryPlan.mean_split`` is then the
+share of the normalised sum.
+
 Nothing here imports pyspark.
 """
 
@@ -95,7 +106,7 @@ class QueryPlan:
     fractions: tuple  # Fraction share of the charge per component
     statistics: tuple  # StatisticPlan per component (the name the engine knows plans by)
     stat_components: tuple  # per statistic of the spec: its components
-    mean_split: Optional[Fraction] = None  # single-metric releases only
+    mean_split: Optional[Fraction] = None  # one mean: the normalised sum's share (numeric optimum)
     # private key selection (dp_spark.statistics.selection.SelectionPlan), None with public keys only
     selection: Any = None
 
@@ -122,12 +133,14 @@ class QueryPlan:
         return out
 
     def noise(self, partials: Mapping[int, Mapping[str, int]], source,
-              tuples: Optional[list] = None) -> list[dict[str, Any]]:
+              tuples: Optional[list] = None, components: Optional[dict] = None) -> list[dict[str, Any]]:
         """One noise vector per component over all cells (present in the data or not), then
         every statistic's post-processing per cell. ``partials``: cell index -> collected longs.
         ``tuples``: the key tuples (in ``group_by`` order) the indices refer to; by default the
         cross product of the public key sets (a release with private keys passes the selected
-        cells). Returns the cells (driver memory only: never log them before the write commits)."""
+        cells). Returns the cells (driver memory only: never log them before the write commits).
+        When ``components`` is a dict, each component's noisy values (real units) are put in it,
+        ``{component: {key: value or [values]}}`` (for merging small groups: post-processing)."""
         from dataclasses import replace as _replace
 
         from dp_spark.mechanisms.release import add_noise
@@ -152,6 +165,11 @@ class QueryPlan:
             unit = plan.grid_unit
             noisy[comp] = ([Fraction(v) * unit for v in add_noise(plan, true, source)] if true else [])
         names = [ks.column for ks in spec.key_sets]
+        if components is not None:
+            for comp, values in noisy.items():
+                w = comp.width
+                components[comp] = {canonical_key(spec.key_sets, t): (values[i] if w == 1 else values[i * w:(i + 1) * w])
+                                    for i, t in enumerate(tuples)}
         cells: list[dict[str, Any]] = []
         for stat, comps in zip(spec.statistics, self.stat_components):
             kind = kind_of(stat.kind)
@@ -198,7 +216,6 @@ def plan_query(spec) -> QueryPlan:
         for w, cs, co in zip(weights, per_stat, coeffs):
             for c, f in _optimal(cs, co, sens, measure).items():
                 split[c] += float(w / wsum) * f
-    fractions = _snap([split[c] for c in comps])
     selection = None
     rest = Fraction(1)
     if spec.private_key_sets:
@@ -206,7 +223,32 @@ def plan_query(spec) -> QueryPlan:
 
         rest = 1 - spec.selection_share
         selection = plan_selection(spec, _share(spec.charge, spec.selection_share))
+    mean_split = _one_mean_split(spec, comps, _share(spec.charge, rest))
+    if mean_split is not None:
+        fractions = [mean_split if c.kind == "nsum" else 1 - mean_split for c in comps]
+    else:
+        fractions = _snap([split[c] for c in comps])
     plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, f * rest), cells)
                   for c, f in zip(comps, fractions))
     return QueryPlan(spec=spec, components=tuple(comps), fractions=tuple(fractions), statistics=plans,
-                     stat_components=tuple(per_stat), selection=selection)
+                     stat_components=tuple(per_stat), mean_split=mean_split, selection=selection)
+
+
+def _one_mean_split(spec, comps, charge) -> Optional[Fraction]:
+    """The normalised sum's share by the mean's numeric optimum, when the release is one
+    ``mean`` and optionally the ``count`` of its rows, without weights (module docstring);
+    else None (the first-order split)."""
+    stats = spec.statistics
+    means = [s for s in stats if s.kind == "mean"]
+    if (len(means) != 1 or any(s.kind not in ("count", "mean") for s in stats)
+            or any(s.weight is not None for s in stats) or sorted(c.kind for c in comps) != ["nsum", "rows"]):
+        return None
+    from dataclasses import replace as _replace
+
+    from dp_spark.mechanisms.mean import optimal_mean_split
+
+    m = means[0]
+    bounds = _replace(spec.bounds, lower=m.clamp.lower, upper=m.clamp.upper)
+    mechanism = "discrete_laplace" if spec.charge.MEASURE == "pure_dp" else "discrete_gaussian"
+    return optimal_mean_split(bounds, spec.neighbouring, m.option("assumed_group_size"), mechanism, budget=charge,
+                              min_count=m.option("min_count"), assumed_mean=m.option("assumed_mean"))

@@ -6,7 +6,7 @@ cache hit by design (same release id), so the cluster run goes to a fresh ledger
 compared with what the local engine *plans* for the same spec and input: the same release id
 (``release_id_for``), the same charge, one committed ledger entry -- and the same exact
 partials: a probe job submitted to the cluster computes ``build_partials`` +
-``collect_partials`` with the same salt file, and they must equal the local-mode partials
+``collect_query_partials`` with the same salt file, and they must equal the local-mode partials
 (bounding by keyed priorities does not depend on the partition layout). The noisy cells read
 back must be consistent with those partials.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from dp_spark.aggregations import collect_partials
+from dp_spark.aggregations.query import build_query_partials, collect_query_partials
 from dp_spark.budget import ZCDP
 from dp_spark.config import load_env
-from dp_spark.engine import build_partials, read_or_create_salt, release_id_for
+from dp_spark.engine import plan_for, read_or_create_salt, release_id_for
 from dp_spark.ledger import open_ledger
 from dp_spark.release.writer import pin_snapshot
 
@@ -37,9 +37,9 @@ PROBE = r'''
 """Cluster probe: the exact partials of a spec at a pinned input version (test data only)."""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from dp_spark.aggregations import collect_partials
+from dp_spark.aggregations.query import build_query_partials, collect_query_partials
 from dp_spark.config import load_env, load_release_spec
-from dp_spark.engine import build_partials, read_or_create_salt
+from dp_spark.engine import plan_for, read_or_create_salt
 from dp_spark.release.writer import Snapshot
 from dp_spark.spark import get_or_create_session
 
@@ -47,8 +47,9 @@ _, root, env_file, spec_file, table_id, version, out = sys.argv
 env, spec = load_env(env_file), load_release_spec(spec_file)
 spark = get_or_create_session("dp_spark-cluster-probe")
 snap = Snapshot(location=env.dataset_location(spec.dataset), table_id=table_id, version=int(version))
-parts = collect_partials(build_partials(snap.reader(spark), spec, read_or_create_salt(env.salt_file)),
-                         key_col=spec.group_by.column, public_keys=list(spec.keys), has_sum=spec.value is not None)
+plan = plan_for(spec)
+got = collect_query_partials(build_query_partials(snap.reader(spark), plan, read_or_create_salt(env.salt_file)), plan)
+parts = {k: {"units": got.get(i, {}).get("dp_units", 0)} for i, k in enumerate(spec.keys)}
 master = spark.conf.get("spark.master")
 with open(out, "w") as f:
     json.dump({"master": master, "partials": parts}, f)
@@ -94,8 +95,9 @@ def test_publish_job_on_standalone_cluster_matches_local_plan(standalone_master,
     # what the local engine plans for this spec and input (no data values leave this test)
     snap = pin_snapshot(spark, env.dataset_location(spec.dataset))
     expected_id = release_id_for(spec, snap.table_id, snap.version, "official")
-    local = collect_partials(build_partials(snap.reader(spark), spec, salt), key_col="day",
-                             public_keys=list(spec.keys), has_sum=False)
+    plan = plan_for(spec)
+    got_local = collect_query_partials(build_query_partials(snap.reader(spark), plan, salt), plan)
+    local = {k: {"units": got_local.get(i, {}).get("dp_units", 0)} for i, k in enumerate(spec.keys)}
 
     app = f"dp_spark-cluster-test-{uuid.uuid4().hex[:8]}"
     run = submit(master, app, ROOT / "jobs" / "publish_release.py", ["--env", str(deploy_env), "--conf", str(conf)])

@@ -66,18 +66,18 @@ def tracing(cls):
 tracing(ConnectSession)
 tracing(ConnectDataFrame)
 
-import dp_spark.engine as engine_mod
 from dp_spark.config import load_env, load_release_spec
 from dp_spark.engine import Engine
 from dp_spark.schedule import daily_refresh
 from pyspark.sql import functions as F
 
-draws = {"noise_cells": 0}
-real_noise = engine_mod.noise_cells
+from dp_spark.statistics.plan import QueryPlan
+draws = {"noise": 0}
+real_noise = QueryPlan.noise
 def counting_noise(*a, **k):  # noise is drawn here, in the client (driver) process
-    draws["noise_cells"] += 1
+    draws["noise"] += 1
     return real_noise(*a, **k)
-engine_mod.noise_cells = counting_noise
+QueryPlan.noise = counting_noise
 
 env, spec = load_env(env_file), load_release_spec(spec_file)
 first = Engine(env, spark=spark, principal=os.environ["DP_SPARK_PRINCIPAL"]).publish(spec)
@@ -94,7 +94,7 @@ result = {
     "day": [d1.status, d1.release_id, str(d1.charge), [c["key"] for c in d1.rows]],
     "day_again": [d2.status, d2.release_id, str(d2.charge)],
     "read_back": read_back,
-    "noise_calls": draws["noise_cells"],
+    "noise_calls": draws["noise"],
     "touches": sorted({tuple(t) for t in touches}),
 }
 with open(out, "w") as f:

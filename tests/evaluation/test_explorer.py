@@ -34,14 +34,14 @@ def make_spec(metric, measure, budget, *, k=1, value=(0, 500)):
 
 
 def test_explore_rows_follow_the_engine_plan():
-    from dp_spark.engine import plan_release
+    from dp_spark.engine import plan_for
 
     spec = load_release_spec(DAU)
     rows = explorer.explore(spec, [50, 500, 5000], [0.1, 0.25, 1])
     assert len(rows) == 9 and {r["statistic"] for r in rows} == {"distinct_units"}
     assert all(r["measure"] == "zcdp" for r in rows)
     # at the spec's own budget the explorer's stddev is the release table's noise_stddev
-    p = plan_release(spec).statistics[0]
+    p = plan_for(spec).statistics[0]
     at = [r for r in rows if r["budget"] == 0.25]
     assert all(r["noise_stddev"] == pytest.approx(p.stddev_grid) for r in at)
     assert all(r["halfwidth"] == p.halfwidth_grid(Fraction(1, 20)) for r in at)
@@ -168,7 +168,9 @@ def test_explore_epsilon_job_rejects_bad_arguments(tmp_path):
 
 
 def _engine_cells(spec, n, mean):
-    from dp_spark.engine import noise_cells, plan_release
+    """The engine's cells (QueryPlan.noise) at zero noise for cells of n rows valued ``mean``."""
+    from dp_spark.engine import plan_for
+    from dp_spark.evaluation.utility import cell_partials
     from dp_spark.mechanisms.release import value_to_grid
     from dp_spark.mechanisms.samplers import NoiseSource
 
@@ -176,7 +178,9 @@ def _engine_cells(spec, n, mean):
                                         "discrete_gaussian": lambda self, s, k: [0] * k})()
     fixed = n * value_to_grid(mean, spec.bounds, spec.value.grid_exponent) if spec.value is not None else 0
     partials = {key: {"rows": n, "units": n, "sum_fixed": fixed} for key in spec.keys}
-    return {c["statistic"]: c for c in noise_cells(plan_release(spec), partials, src) if c["key"] == spec.keys[0]}
+    plan = plan_for(spec)
+    return {c["statistic"]: c for c in plan.noise(cell_partials(spec, plan, partials), src)
+            if c["key"] == spec.keys[0]}
 
 
 PREDICT = [

@@ -1,6 +1,6 @@
 """Utility evaluation: interval coverage, reported vs measured clipping bias, error by group size.
 
-Everything runs on synthetic partials (no Spark): the engine's noise_cells is repeated with
+Everything runs on synthetic partials (no Spark): the engine's noise (QueryPlan.noise) is repeated with
 seeded exact noise (DP_SPARK_TEST_MODE=1). Statistical tests are seeded, so not flaky, and
 each one is shown able to fail (an interval narrowed by 20% or a bias that ignores clipping
 falls outside the asserted range).
@@ -50,15 +50,16 @@ def coverage_of(values, lows, highs, truth):
 
 
 def raw_repeats(spec, partials, seed, repeats=REPEATS):
-    """(values, lows, highs) arrays [repeat, key] per statistic, via the engine's noise_cells."""
-    from dp_spark.engine import noise_cells, plan_release
+    """(values, lows, highs) arrays [repeat, key] per statistic, via the engine's noise (QueryPlan.noise)."""
+    from dp_spark.engine import plan_for
+    from dp_spark.evaluation.utility import noise_by_key
     from dp_spark.mechanisms.samplers import SeededNoiseSource
 
-    plan, src = plan_release(spec), SeededNoiseSource(seed)
+    plan, src = plan_for(spec), SeededNoiseSource(seed)
     keys = list(spec.keys)
     out = {}
     for r in range(repeats):
-        for c in noise_cells(plan, partials, src):
+        for c in noise_by_key(plan, partials, src):
             v, lo, hi = out.setdefault(c["statistic"], tuple(np.zeros((repeats, len(keys))) for _ in range(3)))
             i = keys.index(c["key"])
             v[r, i], lo[r, i], hi[r, i] = c["value"], c["ci_low"], c["ci_high"]
@@ -132,17 +133,18 @@ def test_mean_interval_coverage_is_calibrated(measure, budget):
 
 @pytest.mark.slow
 def test_day_over_day_interval_coverage():
-    from dp_spark.engine import noise_cells, plan_release
+    from dp_spark.engine import plan_for
+    from dp_spark.evaluation.utility import noise_by_key
     from dp_spark.mechanisms.samplers import SeededNoiseSource
 
     spec = make_spec("distinct_units", "zcdp", Fraction(1, 20), keys=7, k=7, l0=7, linf=1, key_kind="dates")
     partials = {k: {"rows": 1000 + 37 * i, "units": 1000 + 37 * i} for i, k in enumerate(spec.keys)}
     true = [partials[k]["units"] for k in spec.keys]
     true_diff = np.diff(true)
-    plan, src = plan_release(spec), SeededNoiseSource(404)
+    plan, src = plan_for(spec), SeededNoiseSource(404)
     hits = narrow_hits = total = 0
     for _ in range(1000):
-        diffs = utility.trend_differences(noise_cells(plan, partials, src))
+        diffs = utility.trend_differences(noise_by_key(plan, partials, src))
         assert len(diffs) == len(spec.keys) - 1
         for d, t in zip(diffs, true_diff):
             hits += d["ci_low"] <= t <= d["ci_high"]

@@ -265,7 +265,8 @@ def test_the_check_catches_a_threshold_with_too_little_noise(seeded):
 def _engine_mean_cells(rows, seed, strategy):
     """The engine's own cells of a mean release (seeded), thresholded as the engine does."""
     from dp_spark.config import release_spec_from_dict
-    from dp_spark.engine import noise_cells, plan_release
+    from dp_spark.engine import plan_for, threshold_cells
+    from dp_spark.evaluation.utility import cell_partials
     from dp_spark.mechanisms.samplers import SeededNoiseSource
 
     spec = release_spec_from_dict({
@@ -275,13 +276,13 @@ def _engine_mean_cells(rows, seed, strategy):
         "value": {"column": "order_value", "lower": 0, "upper": 100},
         "mean": {"assumed_group_size": 50, "min_count": 1},
         "budget": {"id": "b", "measure": "pure_dp", "epsilon": 4},
+        "min_group_size": {"threshold": 30, "strategy": strategy},
     })
     partials = {k: {"rows": n, "sum_fixed": n * 40 * 2 ** 20} for k, n in zip(spec.keys, rows)}
     components: dict = {}
-    cells = noise_cells(plan_release(spec), partials, SeededNoiseSource(seed), components)
-    extra = {"normalised_sum": components["normalised_sum"], "lower": 0, "upper": 100, "min_count": 1}
-    out, _ = apply_min_group_size(cells, threshold=30, strategy=strategy, count_statistic="count",
-                                  confidence=0.95, extra=extra)
+    plan = plan_for(spec)
+    cells = plan.noise(cell_partials(spec, plan, partials), SeededNoiseSource(seed), components=components)
+    out, _ = threshold_cells(spec, cells, components)
     return out
 
 

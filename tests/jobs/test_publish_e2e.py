@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from dp_spark.budget import ZCDP
 from dp_spark.config import load_env, load_release_spec, release_spec_from_dict
-from dp_spark.engine import Engine, build_partials
+from dp_spark.engine import Engine
 from dp_spark.errors import BudgetExceededError, ConfigError, OutputSchemaError, SchemaError
 from dp_spark.release.writer import RELEASE_SCHEMA
 
@@ -147,20 +147,20 @@ def test_return_existing_when_exhausted(spark, warehouse, tmp_path):
 
 
 def test_crash_before_write_rerun_reuses_reservation(spark, warehouse, monkeypatch):
-    import dp_spark.engine as engine_mod
+    from dp_spark.statistics.plan import QueryPlan
 
     dau = register(warehouse, "dau_daily")
     eng = engine(spark, warehouse)
-    real = engine_mod.noise_cells
+    real = QueryPlan.noise
 
     def boom(*a, **k):
         raise RuntimeError("driver killed")
 
-    monkeypatch.setattr(engine_mod, "noise_cells", boom)
+    monkeypatch.setattr(QueryPlan, "noise", boom)
     with pytest.raises(RuntimeError):
         eng.publish(dau)
     assert [e.state for e in ledger_entries(eng)] == ["reserved"]
-    monkeypatch.setattr(engine_mod, "noise_cells", real)
+    monkeypatch.setattr(QueryPlan, "noise", real)
     again = engine(spark, warehouse).publish(dau)  # waits out the 2 s lease, takes over
     assert again.status == "published" and again.charge is None  # the reservation was reused
     assert len(ledger_entries(eng)) == 1 and ledger_entries(eng)[0].state == "committed"

@@ -16,10 +16,10 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-import dp_spark.engine as engine_mod
-from dp_spark.aggregations import collect_partials
+import dp_spark.mechanisms.release as release_mod
+from dp_spark.aggregations.query import build_query_partials, collect_query_partials
 from dp_spark.config import release_spec_from_dict
-from dp_spark.mechanisms.release import grid_sensitivity
+from dp_spark.engine import plan_for
 from dp_spark.mechanisms.samplers import OpenDPNoiseSource
 
 REGIONS = [f"r{i}" for i in range(6)]
@@ -69,7 +69,7 @@ def datasets(spark):
     return d, d.unionByName(heavy)
 
 
-_REAL_ADD_NOISE = engine_mod.add_noise
+_REAL_ADD_NOISE = release_mod.add_noise
 
 
 def _replay(spark, df, spec, monkeypatch):
@@ -80,11 +80,10 @@ def _replay(spark, df, spec, monkeypatch):
         calls.append((plan, list(true_values)))
         return real(plan, true_values, source)
 
-    monkeypatch.setattr(engine_mod, "add_noise", recording)
-    partials = collect_partials(engine_mod.build_partials(df, spec, "salt"),
-                                key_col=spec.group_by.column, public_keys=list(spec.keys),
-                                has_sum=spec.value is not None)
-    engine_mod.noise_cells(engine_mod.plan_release(spec), partials, OpenDPNoiseSource())
+    monkeypatch.setattr(release_mod, "add_noise", recording)
+    plan = plan_for(spec)  # the one path: a single-metric spec runs as its rewrite
+    partials = collect_query_partials(build_query_partials(df, plan, "salt"), plan)
+    plan.noise(partials, OpenDPNoiseSource())
     return calls
 
 
@@ -101,8 +100,7 @@ def test_neighbours_differ_by_at_most_the_sensitivity(spark, datasets, monkeypat
     for (plan, va), (_, vb) in zip(a, b):
         diff = [abs(x - y) for x, y in zip(va, vb)]
         assert any(diff), "the heavy unit must change something, or this test proves nothing"
-        agg = plan.aggregate
-        sens = grid_sensitivity(agg, spec.bounds, spec.neighbouring, plan.grid_exponent)
+        sens = plan.sensitivity_grid  # what calibrated the noise, from the enforced bounds
         assert max(diff) <= sens.per_partition
         assert sum(diff) <= sens.l1
         assert sum(Fraction(x) ** 2 for x in diff) <= sens.l2_squared
@@ -110,13 +108,13 @@ def test_neighbours_differ_by_at_most_the_sensitivity(spark, datasets, monkeypat
 
 def test_replay_detects_a_missing_bound(spark, datasets, monkeypatch):
     """The check can fail: without the K/L0 bounds the heavy unit breaks the sensitivity."""
-    import dp_spark.transforms as transforms
+    import dp_spark.aggregations.query as query
 
     d, d_prime = datasets
     spec = _spec("count", "pure_dp")
-    monkeypatch.setattr(transforms, "bound_contributions", lambda df, **kw: df)
+    monkeypatch.setattr(query, "bound_contributions", lambda df, **kw: df)
     a = _replay(spark, d, spec, monkeypatch)
     b = _replay(spark, d_prime, spec, monkeypatch)
     (plan, va), (_, vb) = a[0], b[0]
-    sens = grid_sensitivity(plan.aggregate, spec.bounds, spec.neighbouring, plan.grid_exponent)
+    sens = plan.sensitivity_grid
     assert sum(abs(x - y) for x, y in zip(va, vb)) > sens.l1

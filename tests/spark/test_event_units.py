@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 
 from dp_spark.aggregations.query import build_query_partials, collect_query_partials
 from dp_spark.config import release_spec_from_dict
-from dp_spark.engine import build_partials, plan_for
+from dp_spark.engine import plan_for
 from dp_spark.errors import SchemaError
 from dp_spark.transforms import keep_unique_events
 
@@ -135,8 +135,8 @@ def test_bounding_alone_lets_a_duplicated_id_move_two_cells(spark):
 
 
 def test_single_metric_event_path_keeps_one_event_within_its_sensitivity(spark):
-    """The single-metric path (engine.build_partials), same neighbours: must stay within the
-    event sensitivity of 1 row per cell and in L1."""
+    """A single-metric spec (run as its rewrite into the statistics form), same neighbours:
+    must stay within the event sensitivity of 1 row per cell and in L1."""
     spec = release_spec_from_dict({
         "name": "events_r", "family": "events_r", "dataset": "demo_events",
         "privacy_unit": {"kind": "event", "column": "event_id"}, "neighbouring": "event",
@@ -145,9 +145,11 @@ def test_single_metric_event_path_keeps_one_event_within_its_sensitivity(spark):
         "budget": {"id": "demo_events_event", "measure": "pure_dp", "epsilon": 1},
     })
 
+    plan = plan_for(spec)
+    (rows_component,) = plan.components
+
     def counts(rows):
-        got = {r["key"]: r["rows"] for r in build_partials(spark.createDataFrame(rows, SCHEMA), spec, SALT).collect()}
-        return [got.get(k, 0) for k in REGIONS]
+        return _vectors(spark, rows, plan)[rows_component]
 
     base = counts(BASE)
     for i in (1, 2, 4, 5, 7, 8):

@@ -7,7 +7,7 @@
   half-width under-covered two Laplace noises below 90%.
 * The mean's reported expected absolute error against the measured one.
 
-Everything goes through the engine's own ``noise_cells`` with the seeded exact source
+Everything goes through the engine's own ``QueryPlan.noise`` with the seeded exact source
 (DP_SPARK_TEST_MODE=1). 3,000 cells per level: the lower limit conf - 3 se(conf) is 0.473 at
 0.5 (the old interval gave ~0.45 there), 0.978 at 0.99.
 """
@@ -49,20 +49,22 @@ def aov(mechanism, confidence="0.95"):
 
 def simulate(spec, seed, cells=CELLS):
     """(mean cells, noisy counts, noisy normalised sums) of repeated releases of groups of N
-    orders of value MEAN, through the engine's noise_cells."""
-    from dp_spark.engine import noise_cells, plan_release
+    orders of value MEAN, through the engine's noise (QueryPlan.noise)."""
+    from dp_spark.engine import plan_for
+    from dp_spark.evaluation.utility import noise_by_key
     from dp_spark.mechanisms.samplers import SeededNoiseSource
 
-    plan, src = plan_release(spec), SeededNoiseSource(seed)
+    plan, src = plan_for(spec), SeededNoiseSource(seed)
     k = spec.value.grid_exponent
     partials = {key: {"rows": N, "sum_fixed": N * MEAN * 2 ** (-k)} for key in spec.keys}
     means, counts, sums = [], [], []
     for _ in range(math.ceil(cells / len(spec.keys))):
         comp: dict = {}
-        out = noise_cells(plan, partials, src, comp)
+        out = noise_by_key(plan, partials, src, comp)
         means += [c for c in out if c["statistic"] == "mean"]
         counts += [c["value"] for c in out if c["statistic"] == "count"]
-        sums += [comp["normalised_sum"][key] for key in spec.keys]
+        nsum = next(v for c, v in comp.items() if c.kind == "nsum")
+        sums += [float(nsum[key]) for key in spec.keys]
     return means[:cells], np.array(counts[:cells]), np.array(sums[:cells]), plan
 
 

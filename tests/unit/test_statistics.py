@@ -56,7 +56,17 @@ def test_single_metric_specs_keep_their_canonical_shape():
         s = load_release_spec(ROOT / "conf/releases" / f)
         c = s.canonical()
         assert "form" not in c and "statistics" not in c and c["metric"] == s.metric
-        assert s.statistics == () and s.where is None
+        assert s.where is None and "where" not in c
+    # ... and run as their rewrite into the statistics form, under the names they published
+    dau = load_release_spec(ROOT / "conf/releases/dau_daily.yaml")
+    assert [(x.name, x.kind) for x in dau.statistics] == [("distinct_units", "distinct_units")]
+    assert dau.key_sets == (dau.group_by,) and dau.keys == dau.group_by.values
+    aov = load_release_spec(ROOT / "conf/releases/aov_by_region.yaml")
+    assert [(x.name, x.kind) for x in aov.statistics] == [("count", "count"), ("mean", "mean")]
+    mean = aov.statistics[1]
+    assert (mean.clamp.lower, mean.clamp.upper) == (aov.value.lower, aov.value.upper)
+    assert (mean.option("assumed_group_size"), mean.option("min_count"), mean.option("assumed_mean")) == (
+        aov.mean.assumed_group_size, aov.mean.min_count, aov.mean.assumed_mean)
 
 
 @pytest.mark.parametrize("mutate, field", [
