@@ -8,7 +8,7 @@ matplotlib :class:`~matplotlib.figure.Figure` (tests inspect them); the ``*_char
 save a PNG and return its path.
 
 Input rows are release rows (``ReleaseResult.rows`` or rows read from a Delta release table) or
-the cell dicts of :func:`dp_spark.engine.noise_cells`: dicts with at least ``statistic``,
+the cell dicts of :meth:`dp_spark.statistics.plan.QueryPlan.noise`: dicts with at least ``statistic``,
 ``key``, ``value``, ``ci_low`` and ``ci_high``. Only published (noisy) values belong here.
 
 Figures are drawn on an explicit Agg canvas (no display needed on a cluster driver), without

@@ -349,6 +349,7 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError("repeats must be an integer >= 1")
+    kinds = _statistics_of(spec)  # refuses what the evaluation cannot measure
     missing = [k for k in spec.keys if k not in partials]
     if missing:
         raise ConfigError("partials must hold every public key of the spec")
@@ -357,7 +358,6 @@ def evaluate(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]], *, re
         raise ConfigError("buckets must be increasing edges starting at or below 0")
     plan = plan or plan_for(spec)
     source = source or _source(seed)
-    kinds = _statistics_of(spec)
     stats = tuple(kinds)
     cell_partials_ = cell_partials(spec, plan, partials)
     keys = list(spec.keys)

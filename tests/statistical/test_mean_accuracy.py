@@ -80,7 +80,8 @@ def test_mean_interval_covers_at_every_level(test_mode, mechanism, level):
     se = math.sqrt(conf * (1 - conf) / len(cells))
     cov = covered.mean()
     # the old half-width sqrt(h_S^2 + ((mean~ - mid) h_C)^2) / C~ on the same draws
-    by = {p.statistic: p for p in plan.statistics}
+    by = {c.kind: p for c, p in zip(plan.components, plan.statistics)}  # rows, nsum
+    by = {"count": by["rows"], "normalised_sum": by["nsum"]}
     unit = 2.0 ** by["normalised_sum"].grid_exponent
     h_s = accuracy.noise_halfwidth(mechanism, by["normalised_sum"].scale, 1 - conf) * unit
     h_c = accuracy.noise_halfwidth(mechanism, by["count"].scale, 1 - conf)
