@@ -169,7 +169,7 @@ PEERS = {"dp_spark before (three single-metric releases)": {"aov": 0.370, "reven
          "PipelineDP": {"aov": 0.235, "revenue": 11_840}}
 
 
-def peer_job(rows: int, runs: int) -> int:
+def peer_job(rows: int, runs: int, l0: int = 20) -> int:
     import numpy as np
 
     from dp_spark.aggregations.query import build_query_partials, collect_query_partials
@@ -188,7 +188,7 @@ def peer_job(rows: int, runs: int) -> int:
     spec = release_spec_from_dict({
         "name": "peer_job", "dataset": "bench", "privacy_unit": {"kind": "user", "column": "user_id"},
         "group_by": [{"column": "region", "public_keys": {"values": regions}}],
-        "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": 20},
+        "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": l0},
         "statistics": [{"name": "users", "kind": "distinct_units"}, dict(value, name="revenue", kind="sum"),
                        dict(value, name="aov", kind="mean")],
         "budget": {"id": "bench", "measure": "pure_dp", "epsilon": 1}}, "peer_job")
@@ -209,11 +209,24 @@ def peer_job(rows: int, runs: int) -> int:
         truth[("users", r)] = p.get("dp_units", 0)
         truth[("revenue", r)] = total
         truth[("aov", r)] = total / n if n else float("nan")
+    # the region-sample expectation of the users per region: a user with r distinct regions
+    # keeps min(r, L0) of them, each region with probability min(1, L0 / r) (plain Spark,
+    # exact data: benchmark only)
+    from pyspark.sql import functions as F
+
+    l0 = spec.bounds.max_partitions_per_unit
+    per_user = df.select("user_id", "region").distinct()
+    n_regions = per_user.groupBy("user_id").agg(F.count(F.lit(1)).alias("r"))
+    expect = {row["region"]: float(row["e"]) for row in per_user.join(n_regions, "user_id").groupBy("region")
+              .agg(F.sum(F.least(F.lit(1.0), F.lit(float(l0)) / F.col("r"))).alias("e")).collect()}
     source = default_source()
+    users_noisy: dict = {}
     errs: dict = {}
     for _ in range(runs):
         for c in plan.noise(partials, source):
             errs.setdefault((c["statistic"], c["key"]), []).append(c["value"] - truth[(c["statistic"], c["key"])])
+            if c["statistic"] == "users":
+                users_noisy.setdefault(c["key"], []).append(c["value"])
     print(f"RMSE vs the capped truth, pure epsilon = 1, {runs} runs over {len(regions)} regions "
           "(pooled: root of the mean squared error over all regions and runs; per-region mean: the "
           "mean over regions of each region's RMSE; smallest / largest region):")
@@ -226,6 +239,13 @@ def peer_job(rows: int, runs: int) -> int:
         print(f"  {stat:8s} dp_spark pooled {pooled:,.3f}  per-region mean {float(np.mean(list(per.values()))):,.3f}"
               f"  smallest ({sizes[small]:,} rows) {per[small]:,.3f}  largest ({sizes[large]:,} rows) "
               f"{per[large]:,.3f}   | {peers}")
+    ratio = {r: float(np.mean(users_noisy[r])) / expect[r] for r in regions}
+    exact = {r: truth[("users", r)] / expect[r] for r in regions}
+    sd = float(np.sqrt(np.mean([np.var(users_noisy[r]) for r in regions])))
+    print(f"users per region vs the region-sample expectation (each user keeps L0 = {l0} of its regions): "
+          f"published mean over {runs} runs / expectation = {np.mean(list(ratio.values())):.4f} "
+          f"(min {min(ratio.values()):.4f}, max {max(ratio.values()):.4f}); exact partial / expectation = "
+          f"{np.mean(list(exact.values())):.4f}; noise sd {sd:.1f} users on ~{np.mean(list(expect.values())):,.0f}")
     return 0
 
 
@@ -243,9 +263,10 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-job", action="store_true", help="the peers' job instead (see the docstring)")
     ap.add_argument("--rows", type=int, default=2_000_000, help="--peer-job: rows of generated events")
     ap.add_argument("--runs", type=int, default=20, help="--peer-job: noisy releases per statistic")
+    ap.add_argument("--l0", type=int, default=20, help="--peer-job: regions per user (L0; the peers' job: 20)")
     args = ap.parse_args(argv)
     if args.peer_job:
-        return peer_job(args.rows, args.runs)
+        return peer_job(args.rows, args.runs, args.l0)
 
     from dp_spark.config import load_env, load_release_spec
     from dp_spark.engine import plan_for

@@ -189,7 +189,7 @@ print(f"rows: {len(released)} (one per public zip), for {len(people):,} people: 
 # COMMAND ----------
 
 alice_zip = people.loc[0, "zip"]
-true_d = int(partials[alice_zip]["units"])
+true_d = int(partials.get(spec.keys.index(alice_zip), {}).get("dp_units", 0))
 true_d_prime = true_d - 1  # Alice (one user, all her orders) removed
 p0 = plan.statistics[0]
 REPEATS = 2000

@@ -15,7 +15,12 @@
       -> clamp each value column to the fixed-point grid; per-row columns of the components
       -> groupBy(dp_cell, unit), then groupBy(dp_cell): every component's partials in ONE
          aggregation of two levels; the first needs no shuffle (the rows are partitioned by the
-         unit already), the second one shuffle; distinct units = (cell, unit) groups
+         unit already), the second one shuffle
+      -> distinct units: the (unit, dp_cell) pairs cut to L0' = min(L0, K) cells and never by
+         the Linf/K row cuts (a unit is counted in every one of its <= L0' cells, whichever K
+         rows the row statistics keep; sensitivity L0' as before); when the K cut cannot drop
+         a pair (K >= L0 Linf') these are the (cell, unit) groups above, else one more pass
+         over the distinct pairs
       -> collect: at most (key tuples + 1) rows of longs reach the driver
 
 Limits that cannot bind are not computed (L0 >= number of key tuples; Linf >= K).
@@ -98,6 +103,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         df = keep_unique_events(df, unit_col=unit)
     b = spec.bounds
     cells = spec.cells  # with private keys an upper bound: L0 is then always enforced
+    before_rows_cut = df
     l0 = b.max_partitions_per_unit if (b.max_partitions_per_unit < cells or private) else None
     linf = b.max_rows_per_partition
     if linf is not None and linf >= b.max_rows_per_unit:
@@ -134,14 +140,38 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     first = aggs or {"dp_rows_": F.count(F.lit(1))}
     per_unit = df.groupBy(_col(cell_name).alias(CELL), _col(unit)).agg(*[a.alias(n) for n, a in first.items()])
     final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
-    if units:
+    # the K cut can drop a whole (unit, cell) pair only when it binds below L0 x Linf'
+    l0_eff = min(b.max_partitions_per_unit, cells) if not private else b.max_partitions_per_unit
+    pairs_cut = units and b.max_rows_per_unit < l0_eff * min(linf or b.max_rows_per_unit, b.max_rows_per_unit)
+    if units and not pairs_cut:
         final.append(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
     # schema: dp_cell: long (public keys only) or struct<p: long, k0: string, ...>, then one
     # long per partial column
-    partials = per_unit.groupBy(CELL).agg(*final)
+    partials = per_unit.groupBy(CELL).agg(*final) if final else None
+    if pairs_cut:
+        pair_l0 = min(l0_eff, b.max_rows_per_unit)
+        counted = _units_per_cell(before_rows_cut, unit, cell_name,
+                                  pair_l0 if (private or pair_l0 < cells) else None, salt)
+        partials = counted if partials is None else partials.join(counted, on=CELL, how="full_outer")
     if not private:
         return partials
     return _select_private_keys(partials, per_unit, plan.selection, unit)
+
+
+def _units_per_cell(df: DataFrame, unit: str, cell_name: str, l0, salt: str) -> DataFrame:
+    """``dp_units`` per cell: the distinct (unit, cell) pairs of the rows before bounding, cut
+    to each unit's first ``l0`` = min(L0, K) cells by the row bounding's own cell priority (a
+    function of the salt, the unit and the cell only: cells the row bounding keeps too), and
+    never cut by Linf or K. A unit adds 1 to at most min(L0, K) cells: the sensitivity of
+    ``Component('units')``, unchanged. Schema: dp_cell, dp_units: long."""
+    # partitioned by the unit first: the distinct pairs and the L0 window then share ONE
+    # shuffle (two in all with the count per cell)
+    pairs = df.select(_col(unit), _col(cell_name)).repartition(_col(unit)).distinct()
+    if l0 is not None:
+        # one row per pair: Linf = 1 and K = L0 cannot bind below the L0 cut
+        pairs = bound_contributions(pairs, unit_col=unit, partition_col=cell_name, max_partitions_per_unit=l0,
+                                    max_rows_per_partition=1, max_rows_per_unit=l0, salt=salt)
+    return pairs.groupBy(_col(cell_name).alias(CELL)).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
 
 
 def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: str) -> DataFrame:

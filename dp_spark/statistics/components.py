@@ -10,7 +10,9 @@ proofs are in ``docs/privacy-semantics.md``):
 component      per-row contribution (grid units)          sensitivity (as for)
 =============  ========================================  ==========================================
 rows           1                                          row count
-units          1 per (unit, cell)                         distinct units (<= L0 cells, 1 each)
+units          1 per (unit, cell): the pairs cut to L0'    distinct units (<= L0' = min(L0, K)
+               = min(L0, K) cells, never by Linf or K     cells, 1 each)
+               rows
 sum            round(clamp(v) 2^-k) in [L', U']           sum with bounds [L, U]
 nsum           round(clamp(v) 2^-k) - mid' in [-W', W']   normalised sum (W = (U - L) / 2)
 nsumsq         round(((clamp(v) - mid)^2 - W^2/2)         sum with bounds [-S, S], S = ceil(W^2/2

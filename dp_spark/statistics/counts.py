@@ -5,8 +5,11 @@ Privacy contract (from the enforced bounds; see :mod:`dp_spark.statistics.compon
 * ``count``: the ``rows`` component; per cell a unit adds <= Linf' rows, over all cells
   <= min(K, L0' Linf') (L1), L2^2 <= min(K^2, L0' Linf'^2) under add/remove; x2 (L1, L2^2)
   under replace; 1 under event.
-* ``distinct_units``: the ``units`` component; a unit is in <= L0' cells, 1 each: L1 = L0',
-  L2^2 = L0' (add/remove); 2 L0' under replace; 1 under event.
+* ``distinct_units``: the ``units`` component, counted from the (unit, cell) pairs after the
+  cut of the pairs to L0' = min(L0, K) cells (the first of the unit's L0 cells by the row
+  bounding's own priority) and never by the Linf / K row cuts (a unit with many rows in few
+  cells is counted in each of them); a unit is in <= L0' cells, 1 each: L1 = L0', L2^2 = L0'
+  (add/remove); 2 L0' under replace; 1 under event.
 
 Post-processing: the noisy count clamped at 0 (value and interval), an exact noise interval.
 A distinct count over a column other than the unit is refused (its sensitivity is not bounded

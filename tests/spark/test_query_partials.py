@@ -176,3 +176,51 @@ def test_null_unit_flood_does_not_change_any_partial(spark):
     d = _pipeline(base)
     flood = _heavy(spark, [1e9]).withColumn("user_id", F.lit(None).cast("string"))
     assert _pipeline(base.unionByName(flood)) == d
+
+
+# --------------------------------------------------------------------------- distinct units
+def test_a_unit_with_20_rows_in_2_cells_is_counted_in_both_cells(spark):
+    """Distinct units come from the (unit, cell) pairs after the L0 cut and before the K row
+    cut: 40 units, each with 19 rows in one region and 1 in another (20 rows, K = 5, L0 = 5):
+    the row statistics keep 5 rows per unit (the other region's row mostly not among them),
+    yet every unit is counted in both regions."""
+    rows = []
+    for u in range(40):
+        a, b = REGIONS[u % 2], REGIONS[2 + u % 3]
+        rows += [(f"u{u}", a, 1.0, 100 * u + j) for j in range(19)] + [(f"u{u}", b, 1.0, 100 * u + 19)]
+    df = spark.createDataFrame(rows, EVENT_DDL)
+    plan = _plan(0, 10, bounds={"max_rows_per_unit": 5, "max_partitions_per_unit": 5})
+    got = _partials(df, plan)
+    units = {k: got[k]["units"] for k in REGIONS}
+    assert units == {REGIONS[0]: 20, REGIONS[1]: 20, REGIONS[2]: 14, REGIONS[3]: 13, REGIONS[4]: 13}
+    assert sum(got[k]["rows"] for k in REGIONS) == 40 * 5  # the row statistics: K rows per unit
+    assert sum(got[k]["rows"] for k in REGIONS[2:]) < 40  # most single rows were cut by K
+    # the sensitivity stays L0' = min(L0, K) (each unit in <= L0' cells, 1 each)
+    comp = next(c for c in plan.components if c.kind == "units")
+    assert plan.plan_of(comp).sensitivity_grid.l1 == 5
+
+
+def test_distinct_units_are_cut_to_min_l0_k_cells(spark):
+    """K = 2 < L0 = 4: a unit with rows in 4 cells is counted in 2 of them (sensitivity
+    min(L0, K) = 2), the cells of smallest priority, which hold its kept rows."""
+    rows = [(f"u{u}", REGIONS[j], 1.0, 10 * u + j) for u in range(30) for j in range(4)]
+    df = spark.createDataFrame(rows, EVENT_DDL)
+    plan = _plan(0, 10, bounds={"max_rows_per_unit": 2, "max_partitions_per_unit": 4})
+    got = _partials(df, plan)
+    assert sum(got[k]["units"] for k in REGIONS) == 60 and sum(got[k]["rows"] for k in REGIONS) == 60
+    comp = next(c for c in plan.components if c.kind == "units")
+    assert plan.plan_of(comp).sensitivity_grid.l1 == 2
+
+
+def test_distinct_units_keep_the_l0_cut(spark):
+    """L0 = 1: the pair cut keeps one cell per unit, the very cell the row bounding keeps."""
+    rows = []
+    for u in range(30):
+        rows += [(f"u{u}", REGIONS[j % 3], 1.0, 100 * u + j) for j in range(9)]
+    df = spark.createDataFrame(rows, EVENT_DDL)
+    plan = _plan(0, 10, bounds={"max_rows_per_unit": 2, "max_partitions_per_unit": 1})
+    got = _partials(df, plan)
+    assert sum(got[k]["units"] for k in REGIONS) == 30
+    for k in REGIONS:  # users are counted where their kept rows are
+        assert (got[k]["units"] > 0) == (got[k]["rows"] > 0)
+        assert got[k]["rows"] == 2 * got[k]["units"]
