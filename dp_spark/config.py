@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from dp_spark.budget import Budget, parse_budget, to_fraction
+from dp_spark.spec.where import check_where  # noqa: F401  (re-exported)
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
 from dp_spark.governance.thresholds import MinGroupSize, min_group_size_from_dict
 from dp_spark.statistics.base import StatisticSpec, align_clamp, kind_of
@@ -833,91 +834,6 @@ def _statistics(raw: Any, source: str) -> tuple[StatisticSpec, ...]:
     if any(s.weight is None for s in out) and any(s.weight is not None for s in out):
         raise _err(source, "statistics", "give 'weight' on every statistic or on none")
     return tuple(out)
-
-
-# Spark SQL functions a row-wise public predicate may not call: aggregates, windows, and
-# anything non-deterministic or that reads state other than the row.
-_WHERE_FORBIDDEN_FUNCTIONS = frozenset("""
-count sum avg mean min max collect_list collect_set first first_value last last_value any_value
-stddev stddev_pop stddev_samp std variance var_pop var_samp percentile percentile_approx
-percentile_cont percentile_disc approx_percentile approx_count_distinct count_if count_min_sketch
-bool_and bool_or every some any max_by min_by median mode corr covar_pop covar_samp skewness
-kurtosis array_agg listagg string_agg histogram_numeric regr_avgx regr_avgy regr_count
-regr_intercept regr_r2 regr_slope regr_sxx regr_sxy regr_syy grouping grouping_id bit_and bit_or
-bit_xor hll_sketch_agg hll_union_agg try_avg try_sum bitmap_construct_agg bitmap_or_agg
-row_number rank dense_rank percent_rank cume_dist ntile lag lead nth_value
-rand randn random uuid shuffle randstr uniform monotonically_increasing_id spark_partition_id
-input_file_name input_file_block_start input_file_block_length current_timestamp current_date
-now localtimestamp current_timezone curdate unix_timestamp reflect java_method try_reflect
-current_user user session_user current_database current_catalog current_schema
-""".split())
-_WHERE_FORBIDDEN_WORDS = frozenset({"select", "over", "window", "exists", "join", "union", "lateral",
-                                    "intersect", "except", "values", "table", "with"})
-_WHERE_KEYWORDS = frozenset("""
-and or not is null true false in like ilike rlike regexp between case when then else end cast as
-date timestamp timestamp_ntz timestamp_ltz interval div escape distinct from to int integer bigint
-smallint tinyint long short byte double float real decimal dec numeric string varchar char boolean
-binary year years month months day days hour hours minute minutes second seconds week weeks
-quarter millisecond milliseconds microsecond microseconds both leading trailing for unknown x
-""".split())
-_WHERE_TOKEN = re.compile(r"""\s+|'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`(?:[^`]|``)+`|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?[a-zA-Z]*|[A-Za-z_][A-Za-z0-9_]*|<=>|<>|!=|<=|>=|==|\|\||[-+*/%=<>(),.!&|^~:\[\]]""")
-
-
-def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
-    """A ``where`` predicate: a Spark SQL boolean expression over ``columns``, row-wise.
-
-    Checked here, before any data is read: every column it names must be in ``columns``; no
-    aggregate, window, subquery, or non-deterministic function. The engine checks it again
-    against the input's schema, restricted to ``columns``, before any charge (Spark's analyser:
-    a column outside ``columns`` cannot be resolved). Errors never echo the expression.
-    """
-    if not isinstance(raw, str) or not raw.strip():
-        raise _err(source, "where", "must be a non-empty Spark SQL boolean expression")
-    if len(raw) > 4000:
-        raise _err(source, "where", "is longer than 4000 characters")
-    tokens = []
-    pos = 0
-    while pos < len(raw):
-        m = _WHERE_TOKEN.match(raw, pos)
-        if m is None:
-            raise _err(source, "where", f"cannot be read at character {pos + 1}")
-        if not m.group().isspace():
-            tokens.append(m.group())
-        pos = m.end()
-    depth = 0
-    for i, t in enumerate(tokens):
-        low = t.lower()
-        nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
-        prev = tokens[i - 1] if i > 0 else ""
-        if t == "(":
-            depth += 1
-        elif t == ")":
-            depth -= 1
-            if depth < 0:
-                raise _err(source, "where", "has unbalanced parentheses")
-        if t.startswith("`"):
-            name = t[1:-1].replace("``", "`")
-            if name not in columns:
-                raise _err(source, "where", "references a column that is not in 'columns'")
-            continue
-        if not (t[0].isalpha() or t[0] == "_"):
-            continue
-        if low in _WHERE_FORBIDDEN_WORDS:
-            raise _err(source, "where", f"must be a row-wise predicate: '{low.upper()}' is not allowed "
-                       "(no subqueries, windows or set operations)")
-        if nxt == "(":
-            if low in _WHERE_FORBIDDEN_FUNCTIONS:
-                raise _err(source, "where", f"must be a row-wise, deterministic predicate: function "
-                           f"'{low}' is an aggregate, a window or non-deterministic")
-            continue
-        if prev == "." or low in _WHERE_KEYWORDS:
-            continue
-        if t not in columns:
-            raise _err(source, "where", f"references column '{t}', which is not in 'columns' "
-                       "(list every column the spec may read there)")
-    if depth != 0:
-        raise _err(source, "where", "has unbalanced parentheses")
-    return raw
 
 
 def load_release_spec(path: str | os.PathLike, *, run_date: Optional[date] = None) -> ReleaseSpec:

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import secrets
+import threading
 import time
 import uuid
 import weakref
@@ -43,6 +44,7 @@ from dp_spark.errors import (
     ConfigError,
     DpSparkError,
     ReleaseConflictError,
+    ReleaseFailedError,
 )
 from dp_spark.events import canonical_json
 from dp_spark.ledger import ReleaseLimitExceededError, open_ledger, sqlite_path
@@ -171,10 +173,16 @@ def read_or_create_salt(path: Path) -> str:
     return _read_or_create_salt(path)
 
 
+#: the stage and the reserved release of the publish running on this thread (for the fixed
+#: message of a failure after the charge: Engine.publish)
+_PROGRESS = threading.local()
+
+
 @contextmanager
 def _stage(spark, name: str, release_id: str) -> Iterator[None]:
     """A log line per stage (never data values) and the Spark job description / tag."""
     log.info("release %s: stage %s", release_id[:12], name)
+    _PROGRESS.stage = name
     from dp_spark.spark import is_connect_session
 
     connect = is_connect_session(spark)
@@ -475,7 +483,43 @@ class Engine:
 
     def publish(self, spec: ReleaseSpec, *, snapshot=None, validated: Optional[ValidatedRelease] = None,
                 _degraded_from: Optional[str] = None) -> ReleaseResult:
-        """Publish ``spec`` (see the module docstring). ``snapshot``: an input snapshot the caller
+        """Publish ``spec`` (see the module docstring).
+
+        A failure after the charge is reserved that is not one of the engine's own errors
+        (:class:`DpSparkError`, whose messages never carry data) is raised as
+        :class:`ReleaseFailedError`: release id, stage and exception class only, never the
+        exception's text (which can carry a row's values: RELIABILITY 23), nothing chained;
+        the audit row says the same. The charge stays spent; a rerun reuses the reservation.
+        Failures before the reservation pass through (they come from the spec, the schema or
+        the services, not from rows)."""
+        _PROGRESS.reserved = None
+        _PROGRESS.stage = "reserved"
+        failure: Optional[tuple[str, str, str]] = None
+        from dp_spark.spark import quiet_pyspark_error_logs
+
+        try:
+            with quiet_pyspark_error_logs():  # pyspark logs a Spark exception's text: not here
+                return self._publish(spec, snapshot=snapshot, validated=validated, _degraded_from=_degraded_from)
+        except DpSparkError:
+            raise
+        except Exception as exc:
+            reserved = getattr(_PROGRESS, "reserved", None)
+            if reserved is None:
+                raise
+            failure = (reserved, getattr(_PROGRESS, "stage", "reserved"), type(exc).__name__)
+        # raised outside the handler: the original exception is neither chained nor kept
+        release_id, stage, cls = failure
+        log.error("release %s: failed in stage %s (%s); the failure's text is withheld",
+                  release_id[:12], stage, cls)
+        try:
+            self._audit(spec, "failed", release_id, None, f"stage {stage}: {cls} (text withheld)")
+        except DpSparkError:
+            log.error("release %s: the failure could not be audited", release_id[:12])
+        raise ReleaseFailedError(release_id, stage, cls)
+
+    def _publish(self, spec: ReleaseSpec, *, snapshot=None, validated: Optional[ValidatedRelease] = None,
+                 _degraded_from: Optional[str] = None) -> ReleaseResult:
+        """:meth:`publish` without the failure guard (see there). ``snapshot``: an input snapshot the caller
         already pinned (a :class:`~dp_spark.release.writer.Snapshot` of the spec's dataset), read
         instead of pinning it again. ``validated``: what :meth:`validate` returned for ``spec``
         (then it is not validated again, and its snapshot is the one read).
@@ -532,6 +576,7 @@ class Engine:
             return self._stored(spec, release_id, path, "cache_hit")
         owner = reservation.entry.owner_token
         charged = None if reservation.reused else charge
+        _PROGRESS.reserved = release_id  # from here on a failure's text is withheld (publish)
 
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile
         # (official, a batch of several families) a background task resolves the versions
@@ -546,7 +591,10 @@ class Engine:
             self._warm_task.request()
         prepare = (alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
                    if reservation.reused else nullcontext())
-        with prepare, _stage(self.spark, "bounding+aggregation", release_id):
+        from dp_spark.aggregations.query import total_where
+
+        with prepare, _stage(self.spark, "bounding+aggregation", release_id), \
+                total_where(self.spark, spec.where is not None):
             tuples = None
             if spec.private_key_sets:  # the selected cells come back with their partials
                 partials, tuples = collect_query_partials(partials_df, plan)

@@ -76,3 +76,24 @@ class TestModeError(DpSparkError):
     """A test-only switch (seeded noise) was used outside test mode."""
 
     __test__ = False  # not a pytest test class
+
+
+class ReleaseFailedError(DpSparkError):
+    """A release failed after its charge was reserved, for a reason that is not one of the
+    engine's own errors (a Spark job failure, a worker error, a bug).
+
+    Its message is fixed: the release id, the stage and the failing exception's class, never
+    the exception's text, which can carry a row's values (RELIABILITY 23). The original
+    exception is not chained (``__cause__`` and ``__context__`` are None). The charge stays
+    spent: a rerun of the same spec on the same snapshot reuses the reservation and draws no
+    second charge (docs/ledger.md, "A release that fails after its charge")."""
+
+    def __init__(self, release_id: str, stage: str, exception_class: str):
+        self.release_id = release_id
+        self.stage = stage
+        self.exception_class = exception_class
+        super().__init__(
+            f"release {release_id[:12]} failed in stage '{stage}' ({exception_class}); the "
+            "failure's text is withheld because it can contain data values; the reserved charge "
+            "stays spent, and rerunning the same spec on the same input reuses it without a "
+            "second charge")

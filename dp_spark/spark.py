@@ -20,8 +20,10 @@ only takes effect when this call starts the JVM).
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark import SparkConf
@@ -67,6 +69,75 @@ _LOCAL_DEFAULTS: dict[str, str] = {
     "spark.sql.ui.retainedExecutions": "50",
     "spark.ui.dagGraph.retainedRootRDDs": "100",
 }
+
+
+#: log4j2 configuration of a JVM this module launches: Spark's console defaults (WARN and up
+#: to stderr), except the loggers that print a failed task's exception text, which can carry a
+#: row's values (RELIABILITY 23: a failure's text must not reach the user). A job's failure is
+#: still reported: the engine raises ReleaseFailedError (release id, stage, exception class).
+#: On a cluster the executors log on the workers, to the operators' logs (docs/deploy.md).
+LOG4J2_PROPERTIES = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+""" + "".join(
+    f"logger.quiet{i}.name = {name}\nlogger.quiet{i}.level = off\n" for i, name in enumerate((
+        "org.apache.spark.executor.Executor",
+        "org.apache.spark.scheduler.TaskSetManager",
+        "org.apache.spark.scheduler.TaskSchedulerImpl",
+        "org.apache.spark.scheduler.DAGScheduler",
+        "org.apache.spark.api.python",
+        "org.apache.spark.sql.execution.python",
+        "org.apache.spark.sql.execution.datasources",
+        "org.apache.spark.util.Utils",
+    )))
+
+#: pyspark's own Python loggers that print a Spark exception's full text when it is raised
+PYSPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+@contextmanager
+def quiet_pyspark_error_logs() -> Iterator[None]:
+    """Hold pyspark's exception loggers (:data:`PYSPARK_ERROR_LOGGERS`) silent: they print a
+    Spark exception's text, which can carry a row's values, as the exception is raised. The
+    loggers are pyspark's own (PySparkLogger: a plain ``logging.Logger`` of that name would
+    break pyspark's calls); their levels are restored on leaving."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # a pyspark without these loggers
+        yield
+        return
+    quiet = [PySparkLogger.getLogger(name) for name in PYSPARK_ERROR_LOGGERS]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+
+
+def _log4j2_file() -> str:
+    """The log4j2 file of :data:`LOG4J2_PROPERTIES` in the temp directory, named by its
+    content (written once, atomically)."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(LOG4J2_PROPERTIES.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"dp_spark-log4j2-{digest}.properties"
+    if not path.exists() or path.read_text() != LOG4J2_PROPERTIES:
+        fd, tmp = tempfile.mkstemp(prefix="dp_spark-log4j2-", dir=path.parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(LOG4J2_PROPERTIES)
+        os.replace(tmp, path)
+    return str(path)
 
 
 def jars_dir() -> Path:
@@ -192,6 +263,8 @@ def get_or_create_session(
         local_ip = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
         conf["spark.driver.host"] = local_ip
         conf["spark.driver.bindAddress"] = local_ip
+    # the JVM starts here: its console log withholds failed tasks' texts (LOG4J2_PROPERTIES)
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
     conf.update(extra)
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -28,7 +28,9 @@ Limits that cannot bind are not computed (L0 >= number of key tuples; Linf >= K)
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -49,6 +51,54 @@ from dp_spark.units import Neighbouring
 
 CELL = "dp_cell"
 PUB, PRIV, SEL = "p", "k", "dp_sel"  # the cell struct's fields with private keys; the noisy count
+
+
+_ANSI = "spark.sql.ansi.enabled"
+_TOTAL_LOCK = threading.RLock()
+_TOTAL_DEPTH: dict[int, tuple[int, Any]] = {}  # id(session) -> (depth, ANSI value before)
+
+
+@contextmanager
+def total_where(spark, active: bool = True) -> Iterator[None]:
+    """Resolve and evaluate a spec's ``where`` so that no row can make it raise.
+
+    With ``spark.sql.ansi.enabled=false``, the implicit casts Spark's analyser inserts
+    (``coupon = 5`` on a string column), integer overflow and conversions give null or wrap
+    instead of raising, and a null predicate makes the row not match; the functions that raise
+    whatever the mode are refused by :func:`dp_spark.spec.where.check_where`. Classic Spark fixes
+    each expression's mode when the plan is resolved, Spark Connect when it runs: the engine
+    holds this context around both (building the partials and collecting them). The session's
+    previous value is restored when the outermost holder leaves (re-entrant, thread-safe).
+    Refused before any charge (ConfigError) if the session will not take the setting.
+    """
+    if not active:
+        yield
+        return
+    key = id(spark)
+    with _TOTAL_LOCK:
+        depth, before = _TOTAL_DEPTH.get(key, (0, None))
+        if depth == 0:
+            before = spark.conf.get(_ANSI, None)
+            spark.conf.set(_ANSI, "false")
+            if str(spark.conf.get(_ANSI, "")).lower() != "false":
+                spark.conf.set(_ANSI, before) if before is not None else spark.conf.unset(_ANSI)
+                raise ConfigError("field 'where': this Spark session does not allow "
+                                  "spark.sql.ansi.enabled=false, which a where needs to be evaluated "
+                                  "without failing on a row; remove the where or allow the setting")
+        _TOTAL_DEPTH[key] = (depth + 1, before)
+    try:
+        yield
+    finally:
+        with _TOTAL_LOCK:
+            depth, before = _TOTAL_DEPTH[key]
+            if depth == 1:
+                del _TOTAL_DEPTH[key]
+                if before is None:
+                    spark.conf.unset(_ANSI)
+                else:
+                    spark.conf.set(_ANSI, before)
+            else:
+                _TOTAL_DEPTH[key] = (depth - 1, before)
 
 
 def _free_name(name: str, taken) -> str:
@@ -73,8 +123,9 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     df = drop_null_units(df, unit_col=unit)
     if spec.where is not None:
         try:
-            df = df.where(F.expr(spec.where))
-            _ = df.schema  # Spark Connect analyses lazily: force it now
+            with total_where(df.sparkSession):  # classic Spark fixes the mode here
+                df = df.where(F.expr(spec.where))
+                _ = df.schema  # Spark Connect analyses lazily: force it now
         except Exception as exc:  # AnalysisException / ParseException: never echo the data
             raise ConfigError(f"{spec.source}: field 'where' is not a valid row-wise predicate over "
                               f"'columns' ({type(exc).__name__})") from None
