@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from dp_spark.budget import ZCDP
 from dp_spark.config import load_env, load_release_spec, release_spec_from_dict
 from dp_spark.engine import Engine
-from dp_spark.errors import BudgetExceededError, ConfigError, OutputSchemaError, SchemaError
+from dp_spark.errors import BudgetExceededError, ConfigError, OutputSchemaError, ReleaseFailedError, SchemaError
 from dp_spark.release.writer import RELEASE_SCHEMA
 
 from .conftest import ROOT, register, write_env
@@ -157,8 +157,10 @@ def test_crash_before_write_rerun_reuses_reservation(spark, warehouse, monkeypat
         raise RuntimeError("driver killed")
 
     monkeypatch.setattr(QueryPlan, "noise", boom)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ReleaseFailedError) as exc:  # after the reservation: the text is withheld
         eng.publish(dau)
+    assert exc.value.stage == "noise" and exc.value.exception_class == "RuntimeError"
+    assert "driver killed" not in str(exc.value)
     assert [e.state for e in ledger_entries(eng)] == ["reserved"]
     monkeypatch.setattr(QueryPlan, "noise", real)
     again = engine(spark, warehouse).publish(dau)  # waits out the 2 s lease, takes over
@@ -175,8 +177,9 @@ def test_crash_after_write_is_healed(spark, warehouse, monkeypatch):
         raise RuntimeError("killed before commit")
 
     monkeypatch.setattr(eng.ledger, "commit", boom)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ReleaseFailedError) as exc:
         eng.publish(dau)
+    assert exc.value.exception_class == "RuntimeError" and "killed" not in str(exc.value)
     again = engine(spark, warehouse).publish(dau)
     assert again.status == "healed" and again.charge is None
     assert len(again.rows) == 30
