@@ -21,17 +21,6 @@ L0, LINF, K = 2, 3, 5
 SALT = "grey-box"
 
 
-@pytest.fixture
-def ansi(spark):
-    previous = spark.conf.get("spark.sql.ansi.enabled")
-
-    def set_ansi(enabled: bool) -> None:
-        spark.conf.set("spark.sql.ansi.enabled", "true" if enabled else "false")
-
-    yield set_ansi
-    spark.conf.set("spark.sql.ansi.enabled", previous)
-
-
 def _plan(lower, upper, *, regions=REGIONS, bounds=None, unit="user_id", value="order_value"):
     """A release of rows, distinct units and the clamped sum of ``value`` per region."""
     spec = release_spec_from_dict({

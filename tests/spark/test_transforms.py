@@ -41,18 +41,6 @@ EVENTS_SCHEMA = T.StructType(
 )
 
 
-@pytest.fixture
-def ansi(spark):
-    """Set spark.sql.ansi.enabled for one test and restore it afterwards."""
-    previous = spark.conf.get("spark.sql.ansi.enabled")
-
-    def set_ansi(enabled: bool) -> None:
-        spark.conf.set("spark.sql.ansi.enabled", "true" if enabled else "false")
-
-    yield set_ansi
-    spark.conf.set("spark.sql.ansi.enabled", previous)
-
-
 def _events(spark):
     rows = [
         (1, "u1", date(2026, 11, 1), "region_01", 10.0, ["a"]),
