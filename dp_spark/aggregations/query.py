@@ -126,6 +126,8 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             with total_where(df.sparkSession):  # classic Spark fixes the mode here
                 df = df.where(F.expr(spec.where))
                 _ = df.schema  # Spark Connect analyses lazily: force it now
+        except ConfigError:  # total_where's own refusal: already says what to do
+            raise
         except Exception as exc:  # AnalysisException / ParseException: never echo the data
             raise ConfigError(f"{spec.source}: field 'where' is not a valid row-wise predicate over "
                               f"'columns' ({type(exc).__name__})") from None
