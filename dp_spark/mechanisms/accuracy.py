@@ -19,6 +19,16 @@ Discrete Gaussian with parameter sigma (CKS20), f(x) = exp(-x^2 / (2 sigma^2)):
 
 All functions take the scale in grid units as an int, float or Fraction (> 0, finite) and
 alpha in (0, 1).
+
+Weighted sums of iid noises (:func:`edge_halfwidths`, the quantile's bin-edge tests): the
+upper tail of N = (1 - q) (X_1 + ... + X_j) - q (X_{j+1} + ... + X_B) from the exact law, the
+pmfs of the two partial sums computed by FFT convolution of the pmf truncated where its tail
+is below 1e-16 (the truncated mass, the mass trimmed from the sums' far tails and a margin
+for the FFT's rounding are all counted as exceedance, so the tail is an upper bound); when
+that computation is too large, the Chernoff bound with the exact moment generating function
+of the discrete Laplace, or the discrete Gaussian's sub-Gaussian bound
+E e^(lambda X) <= e^(lambda^2 sigma^2 / 2) (Canonne, Kamath, Steinke 2020): proven, and
+wider (about 20% at the levels used).
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ __all__ = [
     "noise_stddev",
     "noise_halfwidth",
     "noise_tail",
+    "edge_halfwidths",
 ]
 
 _DIRECT_MAX_SIGMA = 4096.0
@@ -253,7 +264,21 @@ def noise_stddev(mechanism: str, scale: Any) -> float:
 
 
 def noise_halfwidth(mechanism: str, scale: Any, alpha: float) -> int:
-    """Smallest h with P(|noise| <= h) >= 1 - alpha (grid units) for the named mechanism."""
+    """Smallest h with P(|noise| <= h) >= 1 - alpha (grid units) for the named mechanism.
+
+    Memoised: a release asks it for every cell with the same few (scale, alpha)."""
+    try:
+        return _noise_halfwidth_cached(mechanism, scale, alpha)
+    except TypeError:  # an unhashable argument: let the checks below say what is wrong
+        return _noise_halfwidth(mechanism, scale, alpha)
+
+
+@functools.lru_cache(maxsize=4096)
+def _noise_halfwidth_cached(mechanism: str, scale: Any, alpha: Any) -> int:
+    return _noise_halfwidth(mechanism, scale, alpha)
+
+
+def _noise_halfwidth(mechanism: str, scale: Any, alpha: Any) -> int:
     if _mech(mechanism) == DISCRETE_LAPLACE:
         return discrete_laplace_halfwidth(scale, alpha)
     return discrete_gaussian_halfwidth(scale, alpha)
@@ -264,3 +289,121 @@ def noise_tail(mechanism: str, scale: Any, h: int) -> float:
     if _mech(mechanism) == DISCRETE_LAPLACE:
         return discrete_laplace_tail(scale, h)
     return discrete_gaussian_tail(scale, h)
+
+
+# --- weighted sums of iid noises: the quantile's bin-edge tests ------------------------------
+_EDGE_TAIL = 1e-16  # pmf mass dropped per noise, counted as exceedance
+_EDGE_TRIM = 1e-13  # mass trimmed from each end of a partial sum's pmf, counted likewise
+_FFT_SLACK = 1e-10  # margin for the FFT's rounding (absolute, per tail probability)
+_EDGE_WORK = 2**24  # (bins - 1) x FFT length above which the Chernoff bound is used
+
+
+def edge_halfwidths(mechanism: str, scale: Any, bins: int, q: Any, beta: float) -> tuple[float, ...]:
+    """Thresholds h_1 .. h_{B-1} (grid units) with P(N_j > h_j) <= ``beta``, where
+
+        N_j = (1 - q) (X_1 + ... + X_j) - q (X_{j+1} + ... + X_B),
+
+    X_1 .. X_B iid noises of the named mechanism at ``scale`` (B = ``bins``): the noise of the
+    quantile's test statistic C~_j - q T~ at bin edge j (:mod:`dp_spark.statistics.quantile`).
+    N_j is symmetric, so P(N_j < -h_j) <= beta too.
+
+    Exact law when affordable: the pmfs of the partial sums by FFT convolution of the noise's
+    pmf (truncated at tail mass 1e-16), and P(N_j > h) = sum_c P(C = c) P(A > (h + q c)/(1 - q))
+    with A, C the two partial sums; every mass left out (the truncation, the trimmed far tails
+    of the sums, a 1e-10 margin for rounding) is counted as exceedance, so h_j is the exact
+    threshold or slightly above. When (B - 1) x the FFT length exceeds 2^24 (Laplace scale
+    above ~60 or Gaussian sigma above ~240 at 64 bins), the Chernoff bound
+    min_lambda e^(-lambda h) E e^(lambda N_j) (exact MGF of the discrete Laplace; the discrete
+    Gaussian's sub-Gaussian bound) instead: proven, and about 20% wider. Memoised.
+    """
+    _mech(mechanism)
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
+        raise ConfigError("bins must be an integer >= 2")
+    qf = float(q)
+    if not 0.0 < qf < 1.0:
+        raise ConfigError("q must be in (0, 1)")
+    b = _alpha(beta)
+    return _edge_halfwidths(mechanism, Fraction(_check_scale(scale, "scale")), bins, qf, b)
+
+
+@functools.lru_cache(maxsize=256)
+def _edge_halfwidths(mechanism: str, scale: Fraction, bins: int, q: float, beta: float) -> tuple[float, ...]:
+    t = _scale_float(scale, "scale")
+    k = noise_halfwidth(mechanism, scale, _EDGE_TAIL)  # P(|X| > k) <= 1e-16
+    length = 1 << max(1, math.ceil(math.log2((bins - 1) * 2 * k + 1)))
+    if (bins - 1) * length > _EDGE_WORK:
+        return tuple(_chernoff_threshold(mechanism, t, j, bins, q, beta) for j in range(1, bins))
+    sums = _partial_sum_pmfs(mechanism, scale, k, bins - 1, length)
+    slack = bins * _EDGE_TAIL + _FFT_SLACK
+    out = []
+    for j in range(1, bins):
+        (off_a, pa, cut_a), (off_c, pc, cut_c) = sums[j], sums[bins - j]
+        out.append(_exact_threshold(off_a, pa, off_c, pc, q, beta - slack - cut_a - cut_c))
+    return tuple(out)
+
+
+def _partial_sum_pmfs(mechanism: str, scale: Fraction, k: int, most: int, length: int) -> dict:
+    """{m: (offset, pmf, trimmed mass)} of X_1 + ... + X_m, m = 1..most (the pmf at index i is
+    P(sum = offset + i), the noise's pmf truncated to [-k, k])."""
+    pmf = discrete_laplace_pmf if mechanism == DISCRETE_LAPLACE else discrete_gaussian_pmf
+    base = np.asarray(pmf(scale, np.arange(-k, k + 1)), dtype=np.float64)
+    spectrum = np.fft.rfft(base, length)
+    power = np.ones_like(spectrum)
+    out = {}
+    for m in range(1, most + 1):
+        power = power * spectrum
+        p = np.maximum(np.fft.irfft(power, length)[: 2 * m * k + 1], 0.0)
+        lo = int(np.searchsorted(np.cumsum(p), _EDGE_TRIM))
+        hi = len(p) - int(np.searchsorted(np.cumsum(p[::-1]), _EDGE_TRIM))
+        cut = float(p[:lo].sum() + p[hi:].sum())
+        out[m] = (lo - m * k, p[lo:hi], cut)
+    return out
+
+
+def _exact_threshold(off_a: int, pa: np.ndarray, off_c: int, pc: np.ndarray, q: float, target: float) -> float:
+    """Smallest h (to 1e-9 relative) with sum_c pc(c) P(A > (h + q c) / (1 - q)) <= target."""
+    if target <= 0:
+        raise ConfigError("the level is too extreme for the exact law of the bin-edge noise")
+    suffix = np.append(np.cumsum(pa[::-1])[::-1], 0.0)  # suffix[i] = P(A >= off_a + i)
+    c = off_c + np.arange(len(pc), dtype=np.float64)
+
+    def tail(h: float) -> float:
+        y = (h + q * c) / (1.0 - q)
+        y = y - 1e-9 * np.maximum(1.0, np.abs(y))  # an atom on the boundary counts as above
+        idx = np.clip(np.floor(y).astype(np.int64) - off_a + 1, 0, len(pa))
+        return float(np.dot(pc, suffix[idx]))
+
+    lo, hi = 0.0, (1.0 - q) * (off_a + len(pa)) + q * max(-off_c, 0) + 1.0
+    if tail(lo) <= target:
+        return 0.0
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2.0
+        if tail(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _chernoff_threshold(mechanism: str, t: float, j: int, bins: int, q: float, beta: float) -> float:
+    """min over lambda of (log E e^(lambda N_j) + log(1/beta)) / lambda: any lambda's value h
+    has P(N_j > h) <= e^(-lambda h) E e^(lambda N_j) <= beta."""
+    from scipy.optimize import minimize_scalar
+
+    w_a, w_c, log_beta = 1.0 - q, q, math.log(beta)
+    if mechanism == DISCRETE_GAUSSIAN:  # E e^(lambda X) <= e^(lambda^2 sigma^2 / 2): closed form
+        v = t * t * (j * w_a * w_a + (bins - j) * w_c * w_c)
+        return math.sqrt(-2.0 * v * log_beta)
+    a = math.exp(-1.0 / t)
+    log_norm = 2.0 * math.log1p(-a)
+
+    def log_mgf(x: float) -> float:  # log E e^(x X), |x| < 1/t
+        return log_norm - math.log1p(-a * math.exp(x)) - math.log1p(-a * math.exp(-x))
+
+    def h_of(lam: float) -> float:
+        return (j * log_mgf(w_a * lam) + (bins - j) * log_mgf(w_c * lam) - log_beta) / lam
+
+    top = (1.0 / t) / max(w_a, w_c)
+    res = minimize_scalar(h_of, bounds=(top * 1e-6, top * (1 - 1e-9)), method="bounded",
+                          options={"xatol": top * 1e-9})
+    return float(min(res.fun, h_of(top * 0.5)))

@@ -179,15 +179,24 @@ class Component:
             out = exact_sum(self.fixed_column, f"dp_s_{_tag(self.clamp)}")
             return {**out, **rows} if self.kind == "nsum" else out
         if self.kind == "nsumsq":
-            name = f"dp_sq_{_tag(self.clamp)}"
+            name = self.square_alias
             return exact_sum(name, name)
         if self.kind == "hist":
             b = F.col(f"dp_bin_{_tag(self.clamp, str(self.bins))}")
-            tag = _tag(self.clamp, str(self.bins))
-            return {f"dp_h_{tag}_{j}": F.coalesce(F.sum(F.when(b == j, F.lit(1)).otherwise(F.lit(0))),
+            return {self.bin_column(j): F.coalesce(F.sum(F.when(b == j, F.lit(1)).otherwise(F.lit(0))),
                                                   F.lit(0)).cast(T.LongType())
                     for j in range(self.bins)}
         raise ValueError(f"unknown component kind {self.kind!r}")
+
+    @property
+    def square_alias(self) -> str:
+        """The prefix of the partial columns of an ``nsumsq`` component's sum of centred
+        squares (``<alias>_lo``, ``_mid``, ``_hi``)."""
+        return f"dp_sq_{_tag(self.clamp)}"
+
+    def bin_column(self, j: int) -> str:
+        """The partial column of bin ``j`` of a ``hist`` component."""
+        return f"dp_h_{_tag(self.clamp, str(self.bins))}_{j}"
 
     @property
     def sum_alias(self) -> str:
@@ -220,8 +229,7 @@ class Component:
             mid = grid_midpoint(b, self.clamp.grid_exponent)
             return [exact(f"dp_s_{_tag(self.clamp)}") - partials.get("dp_rows", 0) * mid]
         if self.kind == "nsumsq":
-            return [exact(f"dp_sq_{_tag(self.clamp)}")]
+            return [exact(self.square_alias)]
         if self.kind == "hist":
-            tag = _tag(self.clamp, str(self.bins))
-            return [partials.get(f"dp_h_{tag}_{j}", 0) for j in range(self.bins)]
+            return [partials.get(self.bin_column(j), 0) for j in range(self.bins)]
         raise ValueError(f"unknown component kind {self.kind!r}")

@@ -15,13 +15,33 @@ Post-processing (never the true count; N = max(noisy count, min_count)):
 * ``stddev``: the square root of the variance (and of its interval's ends: a monotone map
   keeps the coverage).
 
-Intervals: the first-order error of the estimate is a linear combination of the components'
-noises; its (1 - alpha) half-width is sqrt(sum_c (a_c h_c)^2) with h_c each noise's EXACT
-(1 - alpha) half-width (exact for Gaussian noises, and for one dominant noise). The mean uses
-:func:`dp_spark.mechanisms.mean.mean_cell_accuracy`, exactly as a single-metric mean release.
-The spread uses the first-order interval when the count is large (C~ - h_C >= max(floor, 1)
-and h_C <= C~ / 10) and otherwise reports the whole range [0, W^2] (it cannot say more). What is covered: the statistic of the bounded, clamped data,
-not the clipping bias.
+Intervals (each covers the statistic of the bounded, clamped data, not the clipping bias):
+
+* ``sum`` alone: the one noise's exact half-width. ``sum`` sharing the count: its error is
+  u X_S + mid X_C, two independent integer noises; the half-width is the exact (1 - alpha)
+  quantile of |u X_S + mid X_C| (:func:`dp_spark.mechanisms.mean.mean_error_quantile`: the
+  count's pmf enumerated, the sum's CDF exact), not the root-sum-square of the two
+  half-widths (exact only for two continuous Gaussians: 0.42 at a nominal 0.5 under pure DP);
+* ``mean``: :func:`dp_spark.mechanisms.mean.mean_cell_accuracy`: for large counts the exact
+  law of its error (u X_S - d X_C) / C~ with d = mean - mid taken at the released mean (the one
+  approximation), else a union bound over the two noises;
+* ``variance`` and ``stddev``: a proven box bound. The three noises are within their exact
+  (1 - alpha_c) half-widths with probability (1 - alpha_c)^3 = 1 - alpha (independent); on
+  that event the true (n, S, Q) lie in the box of the noisy values +- those half-widths
+  (n an integer >= 1, |S| <= n W, |Q| <= n E), and the interval is the smallest and largest
+  variance Q/n + W^2/2 - (S/n)^2 over the box (:func:`variance_box`: exact extremes of a
+  concave function of 1/n), clamped to [0, W^2]. Valid at every cell size, conservative
+  (coverage above the level); ``stddev``'s interval is its square root (monotone).
+
+Error figures (``expected_abs_error``, ``noise_stddev``: the root-mean-square error) are those
+of the PUBLISHED value. ``sum``: exact for the noise(s) (E|u X_S + mid X_C| summed over the
+count's pmf; the Gaussian's E|.| at its exact sd), public. ``mean``, ``variance``, ``stddev``:
+the estimator's error computed at a plug-in truth (the released values) over the noises'
+discretised laws (:func:`dp_spark.statistics.noise.plugin_error`): every floor and clamp of
+the estimator is in it, so the figure never exceeds the value's range (before: a mean held to
+[0, 500] reported 1,708), and the ratio's and the square root's curvature too (stddev's
+first-order figure under-reported 13-39% at n <= 300). An estimate, not a bound: the plug-in
+truth is itself noisy in small cells.
 
 Budget split model (relative squared error at the statistic's ``assumed_group_size`` n, a
 public parameter, default 100): sum: (Var nsum + mid^2 Var count) / (n W)^2; mean:
@@ -32,16 +52,19 @@ case); variance and stddev: (Var nsumsq + 4 d^2 Var nsum + (W^2/2 + 2 d^2)^2 Var
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from dp_spark.budget import to_fraction
 from dp_spark.errors import DpSparkError
-from dp_spark.mechanisms.mean import mean_cell_accuracy
+from dp_spark.mechanisms.mean import mean_cell_accuracy, mean_error_quantile, mean_expected_abs_error
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
-from dp_spark.statistics.noise import cell, combined_expected_abs, expected_abs, halfwidth, stddev
+from dp_spark.statistics.noise import cell, expected_abs, halfwidth, joint_alpha, law_nodes, plugin_error, stddev
 
 DEFAULT_GROUP_SIZE = 100
 
@@ -81,8 +104,104 @@ def _comps(stat: StatisticSpec, *kinds: str) -> tuple:
     return tuple(Component(k) if k == "rows" else Component(k, stat.clamp) for k in kinds)
 
 
-def _large_count(c: Fraction, h_c: Fraction, floor: int) -> bool:
-    return not (c - h_c < max(Fraction(floor), Fraction(1)) or h_c * 10 > c)
+@functools.lru_cache(maxsize=1024)
+def shared_sum_accuracy(mechanism: str, sum_scale: Fraction, sum_unit: Fraction, count_scale: Fraction,
+                        mid: Fraction, alpha: float) -> tuple[float, float, float]:
+    """(half-width, sd, E|error|) of a sum released as nsum~ + mid C~: the error u X_S + mid X_C
+    of two independent integer noises, whose law is that of u X_S - mid X_C (symmetric).
+    The half-width is its exact (1 - alpha) quantile, the sd exact, E|.| summed over the
+    count's pmf (:func:`dp_spark.mechanisms.mean.mean_expected_abs_error` with denominator 1).
+    Public: noise parameters only."""
+    from dp_spark.mechanisms import accuracy
+
+    kw = dict(mechanism=mechanism, sum_scale=sum_scale, sum_unit=sum_unit, count_scale=count_scale)
+    h = mean_error_quantile(alpha, mid, **kw)
+    sd = math.hypot(accuracy.noise_stddev(mechanism, sum_scale) * float(sum_unit),
+                    float(mid) * accuracy.noise_stddev(mechanism, count_scale))
+    return h, sd, mean_expected_abs_error(mid, 1, 1, **kw)
+
+
+def variance_box(c: float, h_c: int, s: float, h_s: float, q: float, h_q: float, w: float, e: float
+                 ) -> tuple[float, float]:
+    """Smallest and largest Q/n + W^2/2 - (S/n)^2 over n an integer in [c - h_c, c + h_c],
+    n >= 1, S in [s - h_s, s + h_s] with |S| <= n W, Q in [q - h_q, q + h_q] with |Q| <= n E
+    (W the clamp's half-width, E the bound of one row's centred-square term), clamped to
+    [0, W^2]; the whole range when no n is consistent. For fixed n the largest value takes Q
+    at its top and S nearest 0, the smallest Q at its bottom and |S| largest (the per-n clips
+    of S and Q dropped there: only wider); with x = 1/n both are concave quadratics in x, so
+    the smallest is at an end of the range of n and the largest at an end or at one of the
+    two integers around the stationary point n = 2 S^2 / Q."""
+    s_lo, s_hi, q_lo, q_hi = s - h_s, s + h_s, q - h_q, q + h_q
+    top = w * w
+    n_lo = max(math.ceil(c - h_c), 1, math.ceil(max(s_lo, -s_hi, 0.0) / w), math.ceil(max(q_lo, -q_hi, 0.0) / e))
+    n_hi = math.floor(c + h_c)
+    if n_hi < n_lo:
+        return 0.0, top
+    near = min(max(0.0, s_lo), s_hi)
+    far = max(abs(s_lo), abs(s_hi))
+
+    def var(n: int, qq: float, ss: float) -> float:
+        return qq / n + top / 2 - (ss / n) ** 2
+
+    ends = {n_lo, n_hi}
+    if near != 0 and q_hi > 0:
+        m = 2 * near * near / q_hi
+        ends |= {min(max(math.floor(m), n_lo), n_hi), min(max(math.ceil(m), n_lo), n_hi)}
+    hi = max(var(n, q_hi, near) for n in ends)
+    lo = min(var(n, q_lo, far) for n in (n_lo, n_hi))
+    return min(max(lo, 0.0), top), min(max(hi, 0.0), top)
+
+
+#: nodes per noise of the plug-in error figures (the spread's three noises: a product grid of 32^3)
+_MEAN_NODES, _SPREAD_NODES = 80, 32
+
+
+@functools.lru_cache(maxsize=256)
+def mean_error(value: float, count: float, clamp, floor: int, count_plan, sum_plan) -> tuple[float, float]:
+    """(E|error|, root-mean-square error) of the published mean (floored, clamped) at the
+    plug-in truth: mean = ``value``, rows = max(``count``, floor) (module docstring).
+    Memoised: a cell's figures do not depend on the level."""
+    mid, lo, hi = float(clamp.midpoint), float(clamp.lower), float(clamp.upper)
+    n = max(count, float(floor))
+    s_hat = (value - mid) * n
+
+    def estimate(e_c, e_s):
+        return np.clip(mid + (s_hat + e_s) / np.maximum(n + e_c, floor), lo, hi)
+
+    return plugin_error(estimate, value, [law_nodes(count_plan, _MEAN_NODES), law_nodes(sum_plan, _MEAN_NODES)])
+
+
+def _variance(c, s, q, w: float, floor: float):
+    """The released variance from the noisy count, normalised sum and sum of centred squares
+    (arrays broadcast): clamp(m2 - m1^2, 0, W^2), m1 = s / N clamped to [-W, W],
+    m2 = q / N + W^2 / 2 clamped to [0, W^2], N = max(c, floor)."""
+    top = w * w
+    n = np.maximum(c, floor)
+    m1 = np.clip(s / n, -w, w)
+    m2 = np.clip(q / n + top / 2, 0.0, top)
+    return np.clip(m2 - m1 * m1, 0.0, top)
+
+
+@functools.lru_cache(maxsize=256)
+def spread_error(c: float, s: float, q: float, w: float, floor: float, count_plan, sum_plan, square_plan, *,
+                 root: bool) -> tuple[float, float]:
+    """(E|error|, root-mean-square error) of the published variance (``root``: standard
+    deviation) at the plug-in truth: the released count (floored) and moments (clamped), the
+    three noises on :data:`_SPREAD_NODES` nodes each. Memoised: a cell's figures do not depend
+    on the level, and the variance and the standard deviation of a cell share their inputs."""
+    top = w * w
+    n = max(c, floor)
+    m1 = min(max(s / n, -w), w)
+    m2 = min(max(q / n + top / 2, 0.0), top)
+    s_hat, q_hat = m1 * n, (m2 - top / 2) * n
+    truth = float(_variance(n, s_hat, q_hat, w, floor))
+    laws = [law_nodes(p, _SPREAD_NODES) for p in (count_plan, sum_plan, square_plan)]
+
+    def estimate(e_c, e_s, e_q):
+        v = _variance(n + e_c, s_hat + e_s, q_hat + e_q, w, floor)
+        return np.sqrt(v) if root else v
+
+    return plugin_error(estimate, math.sqrt(truth) if root else truth, laws)
 
 
 @register
@@ -113,10 +232,10 @@ class Sum(StatisticKind):
             pr, ps = plans[comps["rows"]], plans[comps["nsum"]]
             mid = stat.clamp.midpoint
             v = noisy[comps["nsum"]] + mid * noisy[comps["rows"]]
-            h = Fraction(math.sqrt(float(halfwidth(ps, alpha)) ** 2 + (float(mid * halfwidth(pr, alpha))) ** 2))
-            sds = [stddev(ps), abs(float(mid)) * stddev(pr)]
-            return cell(v, v - h, v + h, plan=ps, sd=math.sqrt(sum(s * s for s in sds)),
-                        expected=combined_expected_abs(sds))
+            h, sd, expected = shared_sum_accuracy(ps.mechanism, Fraction(ps.scale), ps.grid_unit,
+                                                  Fraction(pr.scale), mid, float(alpha))
+            h = Fraction(h)
+            return cell(v, v - h, v + h, plan=ps, sd=sd, expected=expected)
         (c,) = comps.values()
         p = plans[c]
         v, h = noisy[c], halfwidth(p, alpha)
@@ -145,11 +264,12 @@ class Mean(StatisticKind):
         pc, ps = plans[rows], plans[nsum]
         cl = stat.clamp
         # the same function as the single-metric engine path and the epsilon explorer
+        floor = stat.option("min_count")
         out = mean_cell_accuracy(noisy[nsum], noisy[rows], cl.midpoint, cl.lower, cl.upper,
-                                 stat.option("min_count"), alpha, mechanism=ps.mechanism,
+                                 floor, alpha, mechanism=ps.mechanism,
                                  sum_scale=ps.scale, sum_unit=ps.grid_unit, count_scale=pc.scale)
-        return cell(out["value"], out["ci_low"], out["ci_high"], plan=ps, sd=out["noise_stddev"],
-                    expected=out["expected_abs_error"])
+        expected, rms = mean_error(float(out["value"]), float(noisy[rows]), cl, floor, pc, ps)
+        return cell(out["value"], out["ci_low"], out["ci_high"], plan=ps, sd=rms, expected=expected)
 
 
 @register
@@ -170,31 +290,30 @@ class Variance(StatisticKind):
         a = {"nsumsq": 1.0, "nsum": 4 * d * d, "rows": (w * w / 2 + 2 * d * d) ** 2}
         return {c: a[c.kind] / ref for c in comps}
 
-    def spread(self, stat, noisy, plans, alpha) -> tuple[float, float, float, float, Any]:
-        """(variance, lo, hi, sd of the variance's noise, plan) for one cell."""
+    def spread(self, stat, noisy, plans, alpha) -> tuple[float, float, float, tuple]:
+        """(variance, lo, hi, key) of one cell: the released variance, its box interval
+        (module docstring), and the arguments of :func:`spread_error` for its figures."""
         rows, nsum, nsq = self.components(stat, rows_shared=True)
         pc, ps, pq = plans[rows], plans[nsum], plans[nsq]
         w = float(stat.clamp.half_width)
-        floor = stat.option("min_count")
-        c = noisy[rows]
-        n = max(float(c), float(floor))
-        m1 = min(max(float(noisy[nsum]) / n, -w), w)
-        m2 = min(max(float(noisy[nsq]) / n + w * w / 2, 0.0), w * w)
-        var = min(max(m2 - m1 * m1, 0.0), w * w)
-        g_q, g_s, g_c = 1 / n, 2 * abs(m1) / n, abs(-(m2 - w * w / 2) + 2 * m1 * m1) / n
-        sds = [g_q * stddev(pq), g_s * stddev(ps), g_c * stddev(pc)]
-        h_c = halfwidth(pc, alpha)
-        if _large_count(Fraction(c), h_c, floor):
-            h = math.sqrt((g_q * float(halfwidth(pq, alpha))) ** 2 + (g_s * float(halfwidth(ps, alpha))) ** 2
-                          + (g_c * float(h_c)) ** 2)
-            lo, hi = max(var - h, 0.0), min(var + h, w * w)
-        else:  # too few rows for a first-order interval: say nothing beyond the range
-            lo, hi = 0.0, w * w
-        return var, min(lo, var), max(hi, var), math.sqrt(sum(x * x for x in sds)), pq
+        top = w * w
+        floor = float(stat.option("min_count"))
+        c, s, q = float(noisy[rows]), float(noisy[nsum]), float(noisy[nsq])
+        var = float(_variance(c, s, q, w, floor))
+        a = joint_alpha(alpha, 3)
+        k2, bound = nsq.square_grid
+        step = 2.0 ** k2
+        lo, hi = variance_box(c, pc.halfwidth_grid(a), s, float(halfwidth(ps, a)), q, float(halfwidth(pq, a)),
+                              w, bound * step)
+        # the centred squares are rounded to the grid 2^k2: the truth's m2 may sit half a step
+        # outside [0, W^2] before its clamp
+        lo, hi = max(lo - step / 2, 0.0), min(hi + step / 2, top)
+        return var, min(lo, var), max(hi, var), (c, s, q, w, floor, pc, ps, pq)
 
     def finish(self, stat, noisy, plans, alpha):
-        var, lo, hi, sd, plan = self.spread(stat, noisy, plans, alpha)
-        return cell(var, lo, hi, plan=plan, sd=sd, expected=math.sqrt(2 / math.pi) * sd)
+        var, lo, hi, key = self.spread(stat, noisy, plans, alpha)
+        expected, rms = spread_error(*key, root=False)
+        return cell(var, lo, hi, plan=key[-1], sd=rms, expected=expected)
 
 
 @register
@@ -202,8 +321,6 @@ class StdDev(Variance):
     kind = "stddev"
 
     def finish(self, stat, noisy, plans, alpha):
-        var, lo, hi, sd_var, plan = self.spread(stat, noisy, plans, alpha)
-        sd = math.sqrt(var)
-        # first order sd_var / (2 sd), bounded by sqrt(sd_var) near a zero spread
-        sd_sd = sd_var / (2 * sd + math.sqrt(sd_var)) if sd_var > 0 else 0.0
-        return cell(sd, math.sqrt(lo), math.sqrt(hi), plan=plan, sd=sd_sd, expected=math.sqrt(2 / math.pi) * sd_sd)
+        var, lo, hi, key = self.spread(stat, noisy, plans, alpha)
+        expected, rms = spread_error(*key, root=True)
+        return cell(math.sqrt(var), math.sqrt(lo), math.sqrt(hi), plan=key[-1], sd=rms, expected=expected)

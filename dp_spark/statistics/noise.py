@@ -1,14 +1,18 @@
 """Shared post-processing helpers of the statistic kinds: intervals and expected errors of
-noisy components (exact noise quantiles from :mod:`dp_spark.mechanisms.accuracy`).
+noisy components (exact noise quantiles from :mod:`dp_spark.mechanisms.accuracy`), and the
+error of a non-linear, clamped estimate at a plug-in truth (:func:`plugin_error`).
 
 Nothing here imports pyspark.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 
 def halfwidth(plan, alpha: Fraction) -> Fraction:
@@ -30,10 +34,127 @@ def expected_abs(plan) -> float:
     return math.sqrt(2 / math.pi) * stddev(plan)
 
 
-def combined_expected_abs(sds: list[float]) -> float:
-    """First-order E|sum of independent noises| with these standard deviations (normal
-    approximation of the sum; exact for Gaussian noises)."""
-    return math.sqrt(2 / math.pi) * math.sqrt(sum(s * s for s in sds))
+def joint_alpha(alpha, parts: int) -> float:
+    """The level alpha_c of each of ``parts`` independent noises such that all of them are
+    within their exact (1 - alpha_c) half-widths with probability (1 - alpha_c)^parts =
+    1 - alpha exactly (independence: no union bound needed)."""
+    return -math.expm1(math.log1p(-float(alpha)) / parts)
+
+
+# --- the law of one entry's noise, discretised ---------------------------------------------
+_LAW_TAIL = 1e-9  # mass beyond the discretised support (dropped, the rest renormalised)
+_EXACT_SUPPORT = 20_000  # integer supports up to this size are enumerated exactly
+
+
+def law_nodes(plan, points: int = 80) -> tuple[np.ndarray, np.ndarray]:
+    """(values, probabilities) of one entry's noise in real units, on at most ``points`` + 1
+    nodes: the exact integer pmf when its support (tail mass 1e-9 left out) has that few
+    values; else ``points`` / 2 cells of equal width on each side of 0 (the last one taking
+    the tail), each with its exact mass and its conditional mean as node, so that E|noise| is
+    kept exactly (the pmf's cells when the support has at most 20,000 values, 0 its own atom;
+    else the continuous law of the same scale, Laplace(t) or Normal(sigma), equal to the
+    discrete one to 1e-7 relative at those scales). Cached per (mechanism, scale, grid)."""
+    return _law_nodes(plan.mechanism, Fraction(plan.scale), int(plan.grid_exponent), int(points))
+
+
+@functools.lru_cache(maxsize=256)
+def _law_nodes(mechanism: str, scale: Fraction, grid_exponent: int, points: int):
+    from dp_spark.mechanisms import accuracy
+
+    unit = 2.0 ** grid_exponent
+    k = accuracy.noise_halfwidth(mechanism, scale, _LAW_TAIL)
+    half = max(1, points // 2)
+    if 2 * k + 1 <= _EXACT_SUPPORT:
+        pmf = accuracy.discrete_laplace_pmf if mechanism == "discrete_laplace" else accuracy.discrete_gaussian_pmf
+        x = np.arange(1, k + 1, dtype=np.float64)  # the positive side; the law is symmetric
+        p = np.asarray(pmf(scale, x), dtype=np.float64)
+        zero = float(pmf(scale, 0))
+        if k > half:  # lump into `half` cells of equal width
+            cell = np.minimum(((x - 1) * half / k).astype(np.int64), half - 1)
+            mass = np.bincount(cell, weights=p, minlength=half)
+            first = np.bincount(cell, weights=p * x, minlength=half)
+            keep = mass > 0
+            x, p = first[keep] / mass[keep], mass[keep]
+        xs = np.concatenate([-x[::-1], [0.0], x])
+        ps = np.concatenate([p[::-1], [zero], p])
+        return xs * unit, ps / ps.sum()
+    return continuous_nodes(mechanism, float(scale), float(k), half, unit)
+
+
+def continuous_nodes(mechanism: str, scale: float, reach: float, half: int, unit: float = 1.0):
+    """The continuous Laplace(scale) (``discrete_laplace``) or Normal(0, scale^2) law on
+    2 ``half`` nodes: cells [i w, (i + 1) w), w = ``reach`` / ``half``, on each side of 0, the
+    last unbounded, each with its exact mass and conditional mean (E|X| kept exactly)."""
+    t = float(scale)
+    edges = np.arange(half, dtype=np.float64) * (float(reach) / half)
+    if mechanism == "discrete_laplace":
+        tail_mass = 0.5 * np.exp(-edges / t)  # P(X > z)
+        tail_first = 0.5 * (edges + t) * np.exp(-edges / t)  # E[X 1{X > z}]
+    else:
+        from scipy import special
+
+        tail_mass = special.ndtr(-edges / t)
+        tail_first = t * np.exp(-edges * edges / (2 * t * t)) / math.sqrt(2 * math.pi)
+    mass = np.append(tail_mass[:-1] - tail_mass[1:], tail_mass[-1])
+    first = np.append(tail_first[:-1] - tail_first[1:], tail_first[-1])
+    keep = mass > 0
+    x, p = first[keep] / mass[keep], mass[keep]
+    xs = np.concatenate([-x[::-1], x])
+    ps = np.concatenate([p[::-1], p])
+    return xs * unit, ps / ps.sum()
+
+
+_DRAWS_SEED = 20261205  # public and fixed: the draws below are a quadrature rule, not noise
+
+
+def law_draws(plan, rows: int, columns: int) -> np.ndarray:
+    """A fixed, public ``rows`` x ``columns`` array of draws from one entry's noise law (real
+    units): the exact discrete quantile function (continuous Laplace / Normal of the same
+    scale beyond 20,000 support points) at uniforms from a seeded generator. A Monte Carlo
+    quadrature rule for error figures that have no closed form (the quantile's); it never
+    touches a released value, so it is no noise source. Cached."""
+    return _law_draws(plan.mechanism, Fraction(plan.scale), int(plan.grid_exponent), rows, columns)
+
+
+@functools.lru_cache(maxsize=32)
+def _law_draws(mechanism: str, scale: Fraction, grid_exponent: int, rows: int, columns: int) -> np.ndarray:
+    from scipy import special
+
+    from dp_spark.mechanisms import accuracy
+
+    u = np.random.default_rng(_DRAWS_SEED).random((rows, columns))
+    k = accuracy.noise_halfwidth(mechanism, scale, _LAW_TAIL)
+    t = float(scale)
+    if 2 * k + 1 <= _EXACT_SUPPORT:
+        pmf = accuracy.discrete_laplace_pmf if mechanism == "discrete_laplace" else accuracy.discrete_gaussian_pmf
+        x = np.arange(-k, k + 1, dtype=np.float64)
+        cdf = np.cumsum(pmf(scale, x))
+        draws = x[np.minimum(np.searchsorted(cdf, u * cdf[-1]), len(x) - 1)]
+    elif mechanism == "discrete_laplace":
+        draws = -t * np.sign(u - 0.5) * np.log1p(-2 * np.abs(u - 0.5))
+    else:
+        draws = t * special.ndtri(u)
+    out = draws * 2.0 ** grid_exponent
+    out.setflags(write=False)
+    return out
+
+
+def plugin_error(estimate: Callable[..., np.ndarray], truth: float, laws: list) -> tuple[float, float]:
+    """(E|estimate - truth|, sqrt(E (estimate - truth)^2)) when the noises are independent
+    with the discretised ``laws`` (:func:`law_nodes`): ``estimate(*noises)`` is evaluated on
+    their product grid (numpy broadcasting). Used with the released values as the plug-in
+    truth, so the figures are estimates; they include every clamp and floor of the estimator,
+    so they never exceed its range."""
+    axes = len(laws)
+    grids, weight = [], np.ones((1,) * axes)
+    for i, (x, p) in enumerate(laws):
+        shape = [1] * axes
+        shape[i] = len(x)
+        grids.append(np.asarray(x).reshape(shape))
+        weight = weight * np.asarray(p).reshape(shape)
+    err = np.asarray(estimate(*grids), dtype=np.float64) - truth
+    err = np.broadcast_to(err, weight.shape)
+    return float(np.sum(weight * np.abs(err))), math.sqrt(float(np.sum(weight * err * err)))
 
 
 def cell(value, lo, hi, *, plan, sd: float, expected: float) -> dict[str, Any]:
@@ -43,7 +164,9 @@ def cell(value, lo, hi, *, plan, sd: float, expected: float) -> dict[str, Any]:
 
 
 def count_cell(noisy: Fraction, plan, alpha: Fraction) -> dict[str, Any]:
-    """A noisy count: clamped at 0 (post-processing), exact noise interval."""
+    """A noisy count: clamped at 0 (post-processing), exact noise interval. The error figures
+    are the noise's (public noise parameters, so a suppressed count may keep them): the clamp
+    at 0 only makes the published count's error smaller, never larger."""
     h = halfwidth(plan, alpha)
     v = Fraction(noisy)
     zero = Fraction(0)
