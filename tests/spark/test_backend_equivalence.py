@@ -109,7 +109,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_spark_partials_equal_the_local_backend(spark, case, seed):
     c = dict(CASES[case])
