@@ -191,15 +191,9 @@ class Component:
                     for j in range(self.bins)}
         raise ValueError(f"unknown component kind {self.kind!r}")
 
-    @property
-    def square_alias(self) -> str:
-        """The prefix of the partial columns of an ``nsumsq`` component's sum of centred
-        squares (``<alias>_lo``, ``_mid``, ``_hi``)."""
-        return f"dp_sq_{_tag(self.clamp)}"
-
     def bin_column(self, j: int) -> str:
         """The partial column of bin ``j`` of a ``hist`` component."""
-        return f"dp_h_{_tag(self.clamp, str(self.bins))}_{j}"
+        return f"{self.hist_alias}_{j}"
 
     @property
     def sum_alias(self) -> str:
