@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from dp_spark.errors import ConfigError
+from dp_spark.spec.env import env_model
 # the release spec's names, where callers have always imported them from
 from dp_spark.spec.release import release_spec_from_dict
 from dp_spark.spec.runtime import (PrivateKeys, PublicKeys, ReleaseSpec, ValueSpec,  # noqa: F401
@@ -31,36 +32,6 @@ from dp_spark.spec.runtime import (PrivateKeys, PublicKeys, ReleaseSpec, ValueSp
 
 __all__ = ["load_yaml", "load_release_spec", "release_spec_from_dict", "ReleaseSpec", "PublicKeys",
            "PrivateKeys", "ValueSpec", "bounds_to_json", "EnvConfig", "env_from_dict", "load_env"]
-
-
-def _err(source: str, field_name: str, problem: str) -> ConfigError:
-    return ConfigError(f"{source}: field '{field_name}': {problem}")
-
-
-def _require(d: Mapping[str, Any], key: str, source: str, prefix: str = "") -> Any:
-    if key not in d or d[key] is None:
-        raise _err(source, prefix + key, "is required")
-    return d[key]
-
-
-def _check_keys(d: Mapping[str, Any], allowed: set[str], source: str, prefix: str = "") -> None:
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise _err(source, prefix + unknown[0], f"unknown field (allowed: {sorted(allowed)})")
-
-
-def _mapping(value: Any, source: str, name: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise _err(source, name, "must be a mapping")
-    return value
-
-
-def _int(value: Any, source: str, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _err(source, name, "must be an integer")
-    if value < minimum:
-        raise _err(source, name, f"must be >= {minimum}")
-    return value
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -120,60 +91,49 @@ def _resolve(root: Path, p: str) -> str:
 
 
 def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optional[Path] = None) -> EnvConfig:
-    allowed = {"name", "spark", "warehouse", "datasets", "output_root", "exploration_root", "ledger_url",
-               "policies", "ledger_mirror", "audit_mirror", "salt_file", "lease_seconds", "demo",
-               "ledger_key_secret", "ledger_password_secret"}
-    _check_keys(data, allowed, source)
+    """Validate an env mapping (:class:`dp_spark.spec.env.EnvModel`: every problem at once) and
+    resolve its paths against ``root`` (default: the working directory)."""
+    m = env_model(data, source)
     root = root or Path.cwd()
-    name = str(_require(data, "name", source))
-    spark = _mapping(data.get("spark") or {}, source, "spark")
-    _check_keys(spark, {"master", "conf"}, source, "spark.")
-    spark_conf = {str(k): str(v) for k, v in _mapping(spark.get("conf") or {}, source, "spark.conf").items()}
-    warehouse = Path(_resolve(root, str(_require(data, "warehouse", source))))
+    warehouse = Path(_resolve(root, m.warehouse))
 
-    def wpath(key: str, default: str) -> str:
-        raw = data.get(key, default)
-        if not isinstance(raw, str) or not raw:
-            raise _err(source, key, "must be a path")
+    def wpath(raw: str) -> str:
         return _resolve(root, raw.replace("{warehouse}", str(warehouse)))
 
-    datasets_raw = _mapping(_require(data, "datasets", source), source, "datasets")
-    datasets = {}
-    for k, v in datasets_raw.items():
-        if not isinstance(v, str) or not v:
-            raise _err(source, f"datasets.{k}", "must be a Delta path or table name")
-        datasets[str(k)] = _resolve(root, v.replace("{warehouse}", str(warehouse))) if "/" in v else v
-    ledger_url = str(data.get("ledger_url", f"sqlite:{warehouse}/ledger.db")).replace("{warehouse}", str(warehouse))
+    datasets = {str(k): wpath(v) if "/" in v else v for k, v in m.datasets.items()}
+    ledger_url = (m.ledger_url or f"sqlite:{warehouse}/ledger.db").replace("{warehouse}", str(warehouse))
     if ledger_url.startswith("sqlite:") and not ledger_url.startswith("sqlite:///"):
         ledger_url = "sqlite:" + _resolve(root, ledger_url[len("sqlite:"):])
+    refs = m.secret_refs()
+    _export_secrets(refs, source)
+    spark = m.spark
     return EnvConfig(
-        name=name,
-        master=spark.get("master"),
-        spark_conf=spark_conf,
+        name=m.name,
+        master=None if spark is None else spark.master,
+        spark_conf={} if spark is None or not spark.conf else {str(k): str(v) for k, v in spark.conf.items()},
         warehouse=warehouse,
         datasets=datasets,
-        output_root=wpath("output_root", "{warehouse}/releases"),
-        exploration_root=wpath("exploration_root", "{warehouse}/exploration"),
+        output_root=wpath(m.output_root),
+        exploration_root=wpath(m.exploration_root),
         ledger_url=ledger_url,
-        policies=Path(wpath("policies", "conf/policies/budgets.yaml")),
-        ledger_mirror=wpath("ledger_mirror", "{warehouse}/ledger_mirror"),
-        audit_mirror=wpath("audit_mirror", "{warehouse}/audit_mirror"),
-        salt_file=Path(wpath("salt_file", "{warehouse}/.bounding_salt")),
-        lease_seconds=_int(data.get("lease_seconds", 300), source, "lease_seconds"),
-        demo=_mapping(data.get("demo") or {}, source, "demo"),
+        policies=Path(wpath(m.policies)),
+        ledger_mirror=wpath(m.ledger_mirror),
+        audit_mirror=wpath(m.audit_mirror),
+        salt_file=Path(wpath(m.salt_file)),
+        lease_seconds=m.lease_seconds,
+        demo=m.demo or {},
         source=source,
-        **_secret_refs(data, source),
+        **refs,
     )
 
 
-def _secret_refs(data: Mapping[str, Any], source: str) -> dict:
-    """The env's Databricks secret references; on Databricks they are exported to the
-    variables the ledger reads ($DP_SPARK_LEDGER_KEY, $PGPASSWORD), elsewhere nothing is read."""
-    from dp_spark.secrets import SECRET_FIELDS, export_secrets, parse_secret_ref
+def _export_secrets(refs: Mapping[str, Any], source: str) -> None:
+    """On Databricks, the env's secret references are exported to the variables the ledger
+    reads ($DP_SPARK_LEDGER_KEY, $PGPASSWORD); elsewhere nothing is read. The reader (and its
+    pyspark fallback) is loaded only here, never by the spec layer."""
+    from dp_spark.secrets import export_secrets
 
-    refs = {f: parse_secret_ref(data.get(f), source, f) for f in SECRET_FIELDS}
     export_secrets(refs, source)
-    return refs
 
 
 def load_env(path: str | os.PathLike) -> EnvConfig:

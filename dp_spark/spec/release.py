@@ -49,7 +49,7 @@ from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKi
 
 __all__ = ["SingleMetricSpec", "MultiStatisticSpec", "release_spec_from_dict", "release_spec_errors",
            "check_release_dict", "budget_charge", "statistic_models", "DEFAULT_MAX_CELLS", "HARD_MAX_CELLS",
-           "EXHAUSTION_POLICIES", "MERGEABLE_KINDS", "DEFAULT_SELECTION_SHARE"]
+           "EXHAUSTION_POLICIES", "MERGEABLE_KINDS", "DEFAULT_SELECTION_SHARE", "describe_error", "error_path"]
 
 EXHAUSTION_POLICIES = ("reject", "degrade", "return_existing")
 # Limits against the many-segments trap (MISSION 9): at most this many cells per release unless
@@ -618,7 +618,8 @@ _WRONG_FORM = {
 _INPUT_VALUE = re.compile(r",?\s*input_value=.*$", re.S)
 
 
-def _path(loc: tuple) -> str:
+def error_path(loc: tuple) -> str:
+    """A pydantic error location as a field path: ``statistics[2].upper`` (a union's tag left out)."""
     tags = {m.model_fields["kind"].annotation.__args__[0] for m in statistic_models()}
     out = ""
     for i, part in enumerate(loc):
@@ -631,7 +632,8 @@ def _path(loc: tuple) -> str:
     return out
 
 
-def _message(err: Mapping[str, Any], form: str, path: str) -> tuple[str, str]:
+def describe_error(err: Mapping[str, Any], form: str, path: str) -> tuple[str, str]:
+    """(field path, problem) of one pydantic error: our words, never the input value."""
     t = err["type"]
     if t == "dp_spark":
         msg = err["msg"]
@@ -676,7 +678,7 @@ def _validate(data: Any, run_date: Optional[date], source: str) -> tuple[Optiona
     except ValidationError as exc:
         out: list[tuple[str, str]] = []
         for err in exc.errors(include_url=False, include_input=False, include_context=True):
-            item = _message(err, form, _path(tuple(err["loc"])))
+            item = describe_error(err, form, error_path(tuple(err["loc"])))
             if item not in out:
                 out.append(item)
         return None, out
@@ -723,7 +725,7 @@ def budget_charge(budget: Mapping[str, Any], source: str = "<dict>") -> Budget:
     try:
         return BudgetModel.model_validate(budget).charge()
     except ValidationError as exc:
-        errors = [_message(e, "multi", _path(("budget", *e["loc"])))
+        errors = [describe_error(e, "multi", error_path(("budget", *e["loc"])))
                   for e in exc.errors(include_url=False, include_input=False, include_context=True)]
         _raise(source, errors)
         raise  # unreachable

@@ -177,3 +177,17 @@ def test_assumed_mean_is_optional_public_and_checked():
         spec(mean={"assumed_group_size": 100, "assumed_mean": 501})
     with pytest.raises(ConfigError, match=r"mean\.assumed_mean"):
         spec(mean={"assumed_group_size": 100, "assumed_mean": "lots"})
+
+
+def test_env_errors_are_reported_at_once_by_field_path():
+    from dp_spark.config import env_from_dict
+
+    with pytest.raises(ConfigError) as exc:
+        env_from_dict({"name": "t", "warehouse": "wh", "datasets": {"x": ""}, "lease_seconds": 0,
+                       "spark": {"mastr": "local"}, "ledger_key_secret": {"scope": "secret_scope_7"}},
+                      source="e.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("e.yaml: 4 errors")
+    for path in ("spark.mastr", "datasets.x", "lease_seconds", "ledger_key_secret.key"):
+        assert f"field '{path}'" in msg, msg
+    assert "secret_scope_7" not in msg
