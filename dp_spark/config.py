@@ -31,7 +31,8 @@ from dp_spark.spec.runtime import (PrivateKeys, PublicKeys, ReleaseSpec, ValueSp
                                    bounds_to_json)
 
 __all__ = ["load_yaml", "load_release_spec", "release_spec_from_dict", "ReleaseSpec", "PublicKeys",
-           "PrivateKeys", "ValueSpec", "bounds_to_json", "EnvConfig", "env_from_dict", "load_env"]
+           "PrivateKeys", "ValueSpec", "bounds_to_json", "EnvConfig", "env_from_dict", "load_env", "resolve_env",
+           "ENV_VAR", "DEFAULT_ENV"]
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -136,8 +137,34 @@ def _export_secrets(refs: Mapping[str, Any], source: str) -> None:
     export_secrets(refs, source)
 
 
-def load_env(path: str | os.PathLike) -> EnvConfig:
+#: the variable naming the env file when none is given
+ENV_VAR = "DP_SPARK_ENV"
+#: the project the package runs from (a source checkout or an editable install)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+#: the default env file: the project's own local env
+DEFAULT_ENV = str(PROJECT_ROOT / "conf" / "envs" / "local.yaml")
+
+
+def resolve_env(given: Optional[str | os.PathLike] = None, environ: Optional[Mapping[str, str]] = None) -> str:
+    """The env file to use: ``given`` when set, else ``$DP_SPARK_ENV``, else the project's
+    ``conf/envs/local.yaml`` (:data:`DEFAULT_ENV`), from any working folder. Raises
+    ConfigError when none exists."""
+    environ = os.environ if environ is None else environ
+    if given:
+        return str(given)
+    if environ.get(ENV_VAR):
+        return str(environ[ENV_VAR])
+    if Path(DEFAULT_ENV).is_file():
+        return DEFAULT_ENV
+    raise ConfigError(f"no env file: pass --env FILE or set ${ENV_VAR} (the default {DEFAULT_ENV} does not exist: "
+                      "the package is not running from a project checkout)")
+
+
+def load_env(path: Optional[str | os.PathLike] = None) -> EnvConfig:
+    """Read and validate an env file (default: :func:`resolve_env`, as the CLI does). Paths in
+    it resolve against its project root: ``conf/envs/x.yaml`` -> two levels up; otherwise the
+    file's folder."""
+    path = resolve_env(path)
     p = Path(path).resolve()
-    # conf/envs/x.yaml -> project root two levels up; otherwise the file's folder.
     root = p.parent.parent.parent if p.parent.parent.name == "conf" else p.parent
     return env_from_dict(load_yaml(p), source=str(path), root=root)
