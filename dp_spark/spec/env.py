@@ -14,7 +14,7 @@ from pydantic import Field, PlainValidator, ValidationError, WithJsonSchema
 from typing_extensions import Annotated
 
 from dp_spark.errors import ConfigError
-from dp_spark.spec.release import describe_error, error_path
+from dp_spark.spec.errors import model_errors, raise_errors
 from dp_spark.spec.types import FreeText, PositiveInt, SpecModel, fail
 
 __all__ = ["EnvModel", "SecretRefModel", "SparkModel", "env_model"]
@@ -87,12 +87,5 @@ def env_model(data: Mapping[str, Any], source: str = "<dict>") -> EnvModel:
     try:
         return EnvModel.model_validate(raw)
     except ValidationError as exc:
-        lines: list[str] = []
-        for e in exc.errors(include_url=False, include_input=False, include_context=True):
-            path, msg = describe_error(e, "env", error_path(tuple(e["loc"])))
-            line = f"field '{path}': {msg}" if path else msg
-            if line not in lines:
-                lines.append(line)
-        if len(lines) == 1:
-            raise ConfigError(f"{source}: {lines[0]}") from None
-        raise ConfigError(f"{source}: {len(lines)} errors:\n  " + "\n  ".join(lines)) from None
+        raise_errors(source, model_errors(exc))
+        raise  # unreachable: raise_errors raises

@@ -24,7 +24,6 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 import functools
-import re
 from datetime import date, datetime, timedelta, timezone
 from fractions import Fraction
 from typing import Any, Literal, Mapping, Optional, Union
@@ -38,6 +37,7 @@ from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
 from dp_spark.governance.thresholds import OTHER_KEY, MinGroupSize, count_statistic_for
 from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
 from dp_spark.spec.legacy import METRICS, legacy_statistics
+from dp_spark.spec.errors import model_errors, raise_errors
 from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, MeanOptions, PrivateKeys,
                                    PublicKeys, ReleaseSpec, ValueSpec, grid_align)
 from dp_spark.spec.types import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
@@ -49,7 +49,7 @@ from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKi
 
 __all__ = ["SingleMetricSpec", "MultiStatisticSpec", "release_spec_from_dict", "release_spec_errors",
            "check_release_dict", "budget_charge", "statistic_models", "DEFAULT_MAX_CELLS", "HARD_MAX_CELLS",
-           "EXHAUSTION_POLICIES", "MERGEABLE_KINDS", "DEFAULT_SELECTION_SHARE", "describe_error", "error_path"]
+           "EXHAUSTION_POLICIES", "MERGEABLE_KINDS", "DEFAULT_SELECTION_SHARE", "release_errors"]
 
 EXHAUSTION_POLICIES = ("reject", "degrade", "return_existing")
 # Limits against the many-segments trap (MISSION 9): at most this many cells per release unless
@@ -615,55 +615,21 @@ _WRONG_FORM = {
     ("single", "group_by.private_keys"): "keys found privately need the multi-statistic form (a 'statistics' "
                                          "list and a 'group_by' list); see docs/config.md",
 }
-_INPUT_VALUE = re.compile(r",?\s*input_value=.*$", re.S)
 
 
-def error_path(loc: tuple) -> str:
-    """A pydantic error location as a field path: ``statistics[2].upper`` (a union's tag left out)."""
-    tags = {m.model_fields["kind"].annotation.__args__[0] for m in statistic_models()}
-    out = ""
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in tags and i > 0 and isinstance(loc[i - 1], int) and loc[0] == "statistics":
-            continue  # the discriminated union's tag
-        else:
-            out += ("." if out else "") + str(part)
-    return out
+def _kind_tags() -> frozenset:
+    return frozenset(m.model_fields["kind"].annotation.__args__[0] for m in statistic_models())
 
 
-def describe_error(err: Mapping[str, Any], form: str, path: str) -> tuple[str, str]:
-    """(field path, problem) of one pydantic error: our words, never the input value."""
-    t = err["type"]
-    if t == "dp_spark":
-        msg = err["msg"]
-    elif t == "missing":
-        msg = "is required"
-    elif t == "extra_forbidden":
-        msg = _WRONG_FORM.get((form, path), "unknown field (docs/config.md lists the fields)")
-    elif t == "literal_error":
-        msg = "must be one of " + err.get("ctx", {}).get("expected", "the documented values")
-    elif t in ("model_type", "model_attributes_type", "dict_type"):
-        msg = "must be a mapping"
-    elif t == "list_type":
-        msg = "must be a list"
-    elif t == "too_short":
-        msg = "must not be empty"
-    elif t == "too_long":
-        msg = "is too long"
-    elif t in ("string_type", "string_too_short"):
-        msg = "must be a non-empty string"
-    elif t == "union_tag_invalid":
-        path = f"{path}.kind"
-        msg = _refusals().get(err.get("ctx", {}).get("tag"))
-        if msg is None:
-            names = sorted(m.model_fields["kind"].annotation.__args__[0] for m in statistic_models())
-            msg = f"unknown statistic kind (allowed: {names})"
-    elif t == "union_tag_not_found":
-        path, msg = f"{path}.kind", "is required"
-    else:  # any other pydantic message, without the value it was given
-        msg = _INPUT_VALUE.sub("", str(err.get("msg", "is invalid")))
-    return path, msg
+def _unknown_kind(tag: Any) -> str:
+    refusal = _refusals().get(tag)
+    return refusal or f"unknown statistic kind (allowed: {sorted(_kind_tags())})"
+
+
+def release_errors(exc: ValidationError, form: str, prefix: tuple = ()) -> list[tuple[str, str]]:
+    """The (field path, problem) pairs of a release spec's ValidationError (``form``: multi or single)."""
+    return model_errors(exc, prefix=prefix, tags=_kind_tags(), unknown_tag=_unknown_kind,
+                        unknown_field=lambda path: _WRONG_FORM.get((form, path)))
 
 
 def _validate(data: Any, run_date: Optional[date], source: str) -> tuple[Optional[ReleaseSpec], list]:
@@ -676,12 +642,7 @@ def _validate(data: Any, run_date: Optional[date], source: str) -> tuple[Optiona
     try:
         model.model_validate(raw, context=context)
     except ValidationError as exc:
-        out: list[tuple[str, str]] = []
-        for err in exc.errors(include_url=False, include_input=False, include_context=True):
-            item = describe_error(err, form, error_path(tuple(err["loc"])))
-            if item not in out:
-                out.append(item)
-        return None, out
+        return None, release_errors(exc, form)
     return context["spec"], []
 
 
@@ -693,11 +654,8 @@ def release_spec_errors(data: Mapping[str, Any], *, run_date: Optional[date] = N
 
 
 def _raise(source: str, errors: list[tuple[str, str]]) -> None:
-    lines = [f"field '{p}': {m}" if p else m for p, m in errors]
-    cls = InvalidBoundsError if any(m in _BOUNDS_PROBLEMS for _, m in errors) else ConfigError
-    if len(lines) == 1:
-        raise cls(f"{source}: {lines[0]}")
-    raise cls(f"{source}: {len(lines)} errors:\n  " + "\n  ".join(lines))
+    bounds = any(m in _BOUNDS_PROBLEMS for _, m in errors)
+    raise_errors(source, errors, InvalidBoundsError if bounds else ConfigError)
 
 
 def check_release_dict(data: Mapping[str, Any], source: str = "<dict>") -> None:
@@ -725,7 +683,5 @@ def budget_charge(budget: Mapping[str, Any], source: str = "<dict>") -> Budget:
     try:
         return BudgetModel.model_validate(budget).charge()
     except ValidationError as exc:
-        errors = [describe_error(e, "multi", error_path(("budget", *e["loc"])))
-                  for e in exc.errors(include_url=False, include_input=False, include_context=True)]
-        _raise(source, errors)
-        raise  # unreachable
+        _raise(source, release_errors(exc, "multi", prefix=("budget",)))
+        raise  # unreachable: _raise raises
