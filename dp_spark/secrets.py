@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping, Optional
 
+from pydantic import ValidationError
+
 from dp_spark.errors import ConfigError
+from dp_spark.spec.env import SecretRefModel
 
 __all__ = ["SecretRef", "parse_secret_ref", "export_secrets", "on_databricks"]
 
@@ -36,10 +39,6 @@ SECRET_FIELDS: Mapping[str, str] = {
 def parse_secret_ref(raw: Any, source: str, field: str) -> Optional[SecretRef]:
     """``{scope: S, key: K}`` -> ``(S, K)``; ``None`` stays ``None`` (the env model's check:
     :class:`dp_spark.spec.env.SecretRefModel`)."""
-    from pydantic import ValidationError
-
-    from dp_spark.spec.env import SecretRefModel
-
     if raw is None:
         return None
     try:

@@ -60,6 +60,9 @@ HARD_MAX_CELLS = 100_000
 MERGEABLE_KINDS = ("count", "distinct_units", "mean")
 #: problems that are refused clamp bounds (raised as InvalidBoundsError)
 _BOUNDS_PROBLEMS = ("lower is above upper", "lower must be below upper")
+_GRID_PROBLEM = "not representable on the fixed-point grid"
+#: marks an error list that holds a refused clamp bound (raised as InvalidBoundsError)
+_BOUNDS_MARK = ("", "")
 
 
 def _run_date(info: Optional[ValidationInfo]) -> date:
@@ -404,6 +407,9 @@ class _SpecBase(SpecModel):
         spec = self._build(_run_date(info), (info.context or {}).get("source", "<dict>"),
                            lambda loc, msg: errors.append((loc, msg)))
         if errors:
+            if info.context is not None and any(m in _BOUNDS_PROBLEMS or m.startswith(_GRID_PROBLEM)
+                                                for _, m in errors):
+                info.context["bounds"] = True
             raise fail_at(errors)
         if info.context is not None:
             info.context["spec"] = spec
@@ -426,7 +432,13 @@ class _SpecBase(SpecModel):
         mean: Optional[MeanOptions] = None
         metric = None
         if multi:
-            statistics = tuple(_statistic_spec(e) for e in self.statistics)
+            built = []
+            for i, e in enumerate(self.statistics):
+                try:
+                    built.append(_statistic_spec(e))
+                except InvalidBoundsError as exc:  # bounds the fixed-point grid cannot hold
+                    err(("statistics", i), f"{_GRID_PROBLEM}: {exc}")
+            statistics = tuple(built)
             names = [s.name for s in statistics]
             if len(set(names)) != len(names):
                 err(("statistics",), "statistic names must be distinct")
@@ -451,9 +463,12 @@ class _SpecBase(SpecModel):
                     err(("value",), "is required")
                 else:
                     v = self.value
-                    e_lo, e_hi, k = grid_align(v.lower, v.upper)
-                    value = ValueSpec(column=v.column, lower=e_lo, upper=e_hi, declared_lower=v.lower,
-                                      declared_upper=v.upper, grid_exponent=k)
+                    try:
+                        e_lo, e_hi, k = grid_align(v.lower, v.upper)
+                        value = ValueSpec(column=v.column, lower=e_lo, upper=e_hi, declared_lower=v.lower,
+                                          declared_upper=v.upper, grid_exponent=k)
+                    except InvalidBoundsError as exc:  # bounds the fixed-point grid cannot hold
+                        err(("value",), f"{_GRID_PROBLEM}: {exc}")
             elif self.value is not None:
                 err(("value",), f"metric '{metric}' reads no value column")
             if metric == "mean":
@@ -642,7 +657,10 @@ def _validate(data: Any, run_date: Optional[date], source: str) -> tuple[Optiona
     try:
         model.model_validate(raw, context=context)
     except ValidationError as exc:
-        return None, release_errors(exc, form)
+        errors = release_errors(exc, form)
+        if context.get("bounds") or any(m in _BOUNDS_PROBLEMS for _, m in errors):
+            errors.append(_BOUNDS_MARK)
+        return None, errors
     return context["spec"], []
 
 
@@ -650,18 +668,18 @@ def release_spec_errors(data: Mapping[str, Any], *, run_date: Optional[date] = N
     """Every problem of a release spec mapping, as (field path, problem) pairs (field rules
     first, then, when the fields are well-formed, the cross-field rules). Empty when the spec
     is valid. No value of the spec appears."""
-    return _validate(data, run_date, "<dict>")[1]
+    return [e for e in _validate(data, run_date, "<dict>")[1] if e != _BOUNDS_MARK]
 
 
 def _raise(source: str, errors: list[tuple[str, str]]) -> None:
-    bounds = any(m in _BOUNDS_PROBLEMS for _, m in errors)
-    raise_errors(source, errors, InvalidBoundsError if bounds else ConfigError)
+    bounds = _BOUNDS_MARK in errors
+    raise_errors(source, [e for e in errors if e != _BOUNDS_MARK], InvalidBoundsError if bounds else ConfigError)
 
 
 def check_release_dict(data: Mapping[str, Any], source: str = "<dict>") -> None:
     """Raise one :class:`ConfigError` naming every problem of the spec (each with its field
     path, never a value); return None when there is none."""
-    errors = release_spec_errors(data)
+    errors = _validate(data, None, source)[1]
     if errors:
         _raise(source, errors)
 

@@ -287,3 +287,17 @@ def test_a_kind_declares_its_fields_once():
     schema = release_spec_json_schema()
     assert {"q", "bins"} <= set(schema["$defs"]["QuantileStatistic"]["properties"])
     assert "q" not in schema["$defs"]["MeanStatistic"]["properties"]
+
+
+def test_bounds_the_grid_cannot_hold_name_their_field():
+    from dp_spark.errors import InvalidBoundsError
+
+    d = _spec(MULTI)
+    d["statistics"][2]["upper"] = 1e300
+    with pytest.raises(InvalidBoundsError, match=r"^t\.yaml: field 'statistics\[2\]': not representable"):
+        release_spec_from_dict(d, source="t.yaml")
+    d = _spec(SINGLE)
+    d["value"] = {"column": "order_value", "lower": -1e300, "upper": 1e300}
+    d.pop("mean")
+    with pytest.raises(InvalidBoundsError, match=r"^t\.yaml: field 'value': not representable"):
+        release_spec_from_dict(d, source="t.yaml")
