@@ -119,5 +119,5 @@ def access_policy_model(data: Any, source: str = "<dict>") -> AccessPolicyModel:
     try:
         return AccessPolicyModel.model_validate(data)
     except ValidationError as exc:
-        raise_errors(source, model_errors(exc, doc="docs/governance.md"))
+        raise_errors(source, model_errors(exc, model=AccessPolicyModel))
         raise  # unreachable: raise_errors raises

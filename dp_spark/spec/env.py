@@ -87,5 +87,5 @@ def env_model(data: Mapping[str, Any], source: str = "<dict>") -> EnvModel:
     try:
         return EnvModel.model_validate(raw)
     except ValidationError as exc:
-        raise_errors(source, model_errors(exc))
+        raise_errors(source, model_errors(exc, model=EnvModel))
         raise  # unreachable: raise_errors raises

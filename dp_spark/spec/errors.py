@@ -5,13 +5,14 @@ value of the file (pydantic's ``input_value=`` and its URLs are never rendered).
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any, Callable, Mapping, Optional
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dp_spark.errors import ConfigError
 
-__all__ = ["error_path", "describe_error", "model_errors", "raise_errors"]
+__all__ = ["error_path", "describe_error", "model_errors", "raise_errors", "allowed_fields"]
 
 _INPUT_VALUE = re.compile(r",?\s*input_value=.*$", re.S)
 
@@ -30,11 +31,38 @@ def error_path(loc: tuple, tags: frozenset = frozenset()) -> str:
     return out
 
 
+def _models_in(tp: Any) -> list[type[BaseModel]]:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    return [m for a in typing.get_args(tp) for m in _models_in(a)]
+
+
+def allowed_fields(model: type[BaseModel], loc: tuple) -> Optional[list[str]]:
+    """The fields of the model that holds the field at ``loc`` (an unknown field's location),
+    or None when it cannot be told."""
+    current: list[type[BaseModel]] = [model]
+    for part in loc[:-1]:
+        if isinstance(part, int) or not current:
+            continue  # a list entry: the same candidates
+        by_tag = [m for m in current if "kind" in m.model_fields
+                  and part in typing.get_args(m.model_fields["kind"].annotation)]
+        if by_tag:  # a discriminated union's tag picks its member
+            current = by_tag
+            continue
+        fields = [m.model_fields[part] for m in current if part in m.model_fields]
+        if fields:
+            current = [m for f in fields for m in _models_in(f.annotation)]
+        # else: a mapping's key (principals.<name>): the same candidates
+    return sorted(current[0].model_fields) if len(current) == 1 else None
+
+
 def describe_error(err: Mapping[str, Any], path: str, *, doc: str = "docs/config.md",
                    unknown_field: Optional[Callable[[str], Optional[str]]] = None,
-                   unknown_tag: Optional[Callable[[Any], str]] = None) -> tuple[str, str]:
+                   unknown_tag: Optional[Callable[[Any], str]] = None,
+                   model: Optional[type[BaseModel]] = None) -> tuple[str, str]:
     """(field path, problem) of one pydantic error: our words, never the input value.
-    ``unknown_field(path)``: a better reason for an unknown field (None: the default);
+    ``unknown_field(path)``: a better reason for an unknown field (None: the default, which
+    lists the fields allowed there when ``model``, the validated model, tells them);
     ``unknown_tag(tag)``: why a discriminated union's tag is refused."""
     t = err["type"]
     if t == "dp_spark":
@@ -42,7 +70,9 @@ def describe_error(err: Mapping[str, Any], path: str, *, doc: str = "docs/config
     elif t == "missing":
         msg = "is required"
     elif t == "extra_forbidden":
-        msg = (unknown_field and unknown_field(path)) or f"unknown field ({doc} lists the fields)"
+        allowed = allowed_fields(model, tuple(err["loc"])) if model is not None else None
+        msg = (unknown_field and unknown_field(path)) or (
+            f"unknown field (allowed: {allowed})" if allowed else f"unknown field ({doc} lists the fields)")
     elif t == "literal_error":
         msg = "must be one of " + err.get("ctx", {}).get("expected", "the documented values")
     elif t in ("model_type", "model_attributes_type", "dict_type"):

@@ -641,9 +641,11 @@ def _unknown_kind(tag: Any) -> str:
     return refusal or f"unknown statistic kind (allowed: {sorted(_kind_tags())})"
 
 
-def release_errors(exc: ValidationError, form: str, prefix: tuple = ()) -> list[tuple[str, str]]:
+def release_errors(exc: ValidationError, form: str, prefix: tuple = (),
+                   model: Optional[type[BaseModel]] = None) -> list[tuple[str, str]]:
     """The (field path, problem) pairs of a release spec's ValidationError (``form``: multi or single)."""
-    return model_errors(exc, prefix=prefix, tags=_kind_tags(), unknown_tag=_unknown_kind,
+    model = model or (MultiStatisticSpec if form == "multi" else SingleMetricSpec)
+    return model_errors(exc, prefix=prefix, tags=_kind_tags(), unknown_tag=_unknown_kind, model=model,
                         unknown_field=lambda path: _WRONG_FORM.get((form, path)))
 
 
@@ -701,5 +703,5 @@ def budget_charge(budget: Mapping[str, Any], source: str = "<dict>") -> Budget:
     try:
         return BudgetModel.model_validate(budget).charge()
     except ValidationError as exc:
-        _raise(source, release_errors(exc, "multi", prefix=("budget",)))
+        _raise(source, release_errors(exc, "multi", prefix=("budget",), model=BudgetModel))
         raise  # unreachable: _raise raises

@@ -205,4 +205,4 @@ def test_access_policy_errors_are_reported_at_once_by_field_path():
     for path in ("version", "pinned_versions", "principals.x.roles[0]", "principals.y.roles", "local_default.envs",
                  "extra"):
         assert f"field '{path}'" in msg, msg
-    assert "owner" not in msg and "short" not in msg and "docs/governance.md" in msg
+    assert "owner" not in msg and "short" not in msg and "(allowed: [" in msg
