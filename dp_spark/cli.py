@@ -699,13 +699,13 @@ REGISTRY: list[Command] = [
 ]
 
 
-# -- schema: the JSON Schema of release specs (dp_spark.spec_model) ----------------------------
+# -- schema: the JSON Schema of release specs (dp_spark.spec.schema) --------------------------
 def _add_schema(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="write the schema to FILE instead of standard output")
 
 
 def _run_schema(args: argparse.Namespace) -> int:
-    from dp_spark.spec_model import release_spec_json_schema_text
+    from dp_spark.spec.schema import release_spec_json_schema_text
 
     text = release_spec_json_schema_text()
     if args.out:

@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping, Optional
 
+from pydantic import ValidationError
+
 from dp_spark.errors import ConfigError
+from dp_spark.spec.env import SecretRefModel
 
 __all__ = ["SecretRef", "parse_secret_ref", "export_secrets", "on_databricks"]
 
@@ -34,15 +37,16 @@ SECRET_FIELDS: Mapping[str, str] = {
 
 
 def parse_secret_ref(raw: Any, source: str, field: str) -> Optional[SecretRef]:
-    """``{scope: S, key: K}`` -> ``(S, K)``; ``None`` stays ``None``."""
+    """``{scope: S, key: K}`` -> ``(S, K)``; ``None`` stays ``None`` (the env model's check:
+    :class:`dp_spark.spec.env.SecretRefModel`)."""
     if raw is None:
         return None
-    if not isinstance(raw, Mapping) or set(raw) != {"scope", "key"}:
-        raise ConfigError(f"{source}: '{field}' must be a mapping with exactly 'scope' and 'key'")
-    scope, key = raw["scope"], raw["key"]
-    if not isinstance(scope, str) or not scope or not isinstance(key, str) or not key:
-        raise ConfigError(f"{source}: '{field}.scope' and '{field}.key' must be non-empty strings")
-    return scope, key
+    try:
+        ref = SecretRefModel.model_validate(raw)
+    except ValidationError:
+        raise ConfigError(f"{source}: '{field}' must be a mapping with exactly 'scope' and 'key', "
+                          "non-empty strings") from None
+    return ref.scope, ref.key
 
 
 def on_databricks() -> bool:

@@ -103,7 +103,8 @@ def rebound_spec(spec: ReleaseSpec, *, max_rows_per_unit: Optional[int] = None,
                  lower: Any = None, upper: Any = None) -> ReleaseSpec:
     """``spec`` with another K and/or clamp [L, U], re-validated and grid-aligned like a YAML
     spec (the config's own alignment of the clamp to the fixed-point grid)."""
-    from dp_spark.config import _grid_align, legacy_statistics  # the config's alignment and rewrite
+    from dp_spark.spec.legacy import legacy_statistics  # the spec's alignment and rewrite
+    from dp_spark.spec.runtime import grid_align
 
     b = spec.bounds
     k = b.max_rows_per_unit if max_rows_per_unit is None else max_rows_per_unit
@@ -118,7 +119,7 @@ def rebound_spec(spec: ReleaseSpec, *, max_rows_per_unit: Optional[int] = None,
         hi = to_fraction(value.declared_upper if upper is None else upper, "upper")
         if lo > hi:
             raise InvalidBoundsError("lower clamp bound is above the upper clamp bound")
-        e_lo, e_hi, gk = _grid_align(lo, hi)
+        e_lo, e_hi, gk = grid_align(lo, hi)
         value = ValueSpec(column=value.column, lower=e_lo, upper=e_hi, declared_lower=lo,
                           declared_upper=hi, grid_exponent=gk)
     bounds = ContributionBounds(

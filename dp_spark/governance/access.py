@@ -49,12 +49,12 @@ from __future__ import annotations
 import getpass
 import logging
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from dp_spark.errors import ConfigError, DpSparkError, PermissionDeniedError
+from dp_spark.spec.access import ROLES, access_policy_model
 
 __all__ = [
     "ROLES",
@@ -72,16 +72,9 @@ __all__ = [
 
 _log = logging.getLogger("dp_spark.governance.access")
 PRINCIPAL_ENV = "DP_SPARK_PRINCIPAL"
-ROLES = ("analyst", "publisher", "admin")
 ACTIONS = ("publish", "rollback", "admin")
 MODES = ("official", "exploration")
 MAX_PRINCIPAL_LEN = 256
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-# principals may be e-mail addresses (Databricks) or service principals
-_PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9_.@+\-\\/:]{1,256}$")
-_TOP_KEYS = {"version", "releases_dir", "pinned_versions", "principals", "local_default"}
-_GRANT_KEYS = {"roles", "exploration_budgets", "description"}
-_LOCAL_KEYS = {"envs", "roles", "exploration_budgets"}
 
 
 # --------------------------------------------------------------------------------------
@@ -216,36 +209,6 @@ def _principal_label(principal: Any) -> str:
 # --------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------
-def _err(source: str, fld: str, problem: str) -> ConfigError:
-    return ConfigError(f"{source}: field '{fld}': {problem}")
-
-
-def _str_list(raw: Any, source: str, fld: str, pattern: re.Pattern = _ID_RE) -> frozenset[str]:
-    if raw is None:
-        return frozenset()
-    if not isinstance(raw, list) or not all(isinstance(x, str) and pattern.match(x) for x in raw):
-        raise _err(source, fld, "must be a list of identifiers")
-    return frozenset(raw)
-
-
-def _grant(raw: Any, source: str, prefix: str, allowed: set[str]) -> PrincipalGrant:
-    if not isinstance(raw, Mapping):
-        raise _err(source, prefix, "must be a mapping")
-    unknown = sorted(set(map(str, raw)) - allowed)
-    if unknown:
-        raise _err(source, f"{prefix}.{unknown[0]}", f"unknown field (allowed: {sorted(allowed)})")
-    roles = _str_list(raw.get("roles"), source, f"{prefix}.roles")
-    if not roles:
-        raise _err(source, f"{prefix}.roles", "must list at least one role")
-    bad = sorted(roles - set(ROLES))
-    if bad:
-        raise _err(source, f"{prefix}.roles", f"unknown role {bad[0]!r} (roles: {list(ROLES)})")
-    budgets = _str_list(raw.get("exploration_budgets"), source, f"{prefix}.exploration_budgets")
-    if budgets and "analyst" not in roles:
-        raise _err(source, f"{prefix}.exploration_budgets", "only an analyst has exploration budgets")
-    return PrincipalGrant(roles=roles, exploration_budgets=budgets)
-
-
 def _project_root(p: Path) -> Path:
     # conf/policies/x.yaml -> the project root; otherwise the file's folder
     if p.parent.name == "policies" and p.parent.parent.name == "conf":
@@ -254,50 +217,21 @@ def _project_root(p: Path) -> Path:
 
 
 def access_policy_from_dict(data: Any, source: str = "<dict>", root: Optional[Path] = None) -> AccessPolicy:
-    """Validate a parsed access policy; relative ``releases_dir`` resolves against ``root``."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: top level must be a mapping")
-    unknown = sorted(set(map(str, data)) - _TOP_KEYS)
-    if unknown:
-        raise _err(source, unknown[0], f"unknown field (allowed: {sorted(_TOP_KEYS)})")
-    if data.get("version", 1) != 1:
-        raise _err(source, "version", "only version 1 is supported")
+    """Validate a parsed access policy (:class:`dp_spark.spec.access.AccessPolicyModel`: every
+    problem at once); relative ``releases_dir`` resolves against ``root``."""
+    m = access_policy_model(data, source)
     root = root or Path.cwd()
-    rd = data.get("releases_dir", "conf/releases")
-    if not isinstance(rd, str) or not rd:
-        raise _err(source, "releases_dir", "must be a path")
-    releases_dir = Path(rd) if Path(rd).is_absolute() else root / rd
-    principals_raw = data.get("principals")
-    if principals_raw is None:
-        principals_raw = {}
-    if not isinstance(principals_raw, Mapping):
-        raise _err(source, "principals", "must be a mapping of principal -> {roles, ...}")
-    principals: dict[str, PrincipalGrant] = {}
-    for name, raw in principals_raw.items():
-        if not isinstance(name, str) or not _PRINCIPAL_RE.match(name):
-            raise _err(source, "principals", "a principal name must be 1-256 characters of "
-                       "letters, digits and _.@+-\\/:")
-        principals[name] = _grant(raw, source, f"principals.{name}", _GRANT_KEYS)
-    pins_raw = data.get("pinned_versions") or {}
-    if not isinstance(pins_raw, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v) for k, v in pins_raw.items()
-    ):
-        raise _err(source, "pinned_versions", "must map spec names to 16-hex-digit versions")
-    local_default = None
-    local_envs: tuple[str, ...] = ()
-    ld = data.get("local_default")
-    if ld is not None:
-        if not isinstance(ld, Mapping):
-            raise _err(source, "local_default", "must be a mapping {envs, roles, exploration_budgets}")
-        envs = ld.get("envs")
-        if not isinstance(envs, list) or not envs or not all(isinstance(e, str) and e for e in envs):
-            raise _err(source, "local_default.envs", "must list the env names it applies to")
-        local_envs = tuple(envs)
-        local_default = _grant({k: v for k, v in ld.items() if k != "envs"}, source, "local_default",
-                               _LOCAL_KEYS - {"envs"})
+    releases_dir = Path(m.releases_dir) if Path(m.releases_dir).is_absolute() else root / m.releases_dir
+
+    def grant(g: Any) -> PrincipalGrant:
+        return PrincipalGrant(roles=frozenset(g.roles), exploration_budgets=frozenset(g.exploration_budgets or ()))
+
+    principals = {name: grant(g) for name, g in (m.principals or {}).items()}
+    ld = m.local_default
     return AccessPolicy(principals=principals, releases_dir=releases_dir.resolve(),
-                        pinned_versions=dict(pins_raw), local_default=local_default,
-                        local_envs=local_envs, source=source)
+                        pinned_versions=dict(m.pinned_versions or {}),
+                        local_default=None if ld is None else grant(ld),
+                        local_envs=() if ld is None else tuple(ld.envs), source=source)
 
 
 def load_access_policy(path: str | os.PathLike) -> AccessPolicy:

@@ -10,7 +10,9 @@ never pays twice for it.
 
 A statistic kind lives in ONE module (``counts``, ``moments``, ``quantile``) that declares:
 
-* the fields it accepts in a spec (:meth:`StatisticKind.parse`);
+* the fields it accepts in a spec: its :attr:`StatisticKind.options` model (pydantic; the
+  spec's ``statistics[]`` entries and the JSON Schema are built from these,
+  :mod:`dp_spark.spec.release`);
 * its components (:meth:`StatisticKind.components`); each component brings its partial
   columns (Spark expressions) and its sensitivity from the enforced bounds under each
   neighbour relation (:mod:`dp_spark.statistics.components`);
@@ -29,11 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 from dp_spark.errors import ConfigError
 
-__all__ = ["Clamp", "StatisticSpec", "StatisticKind", "register", "kind_of", "KINDS", "align_clamp"]
+__all__ = ["Clamp", "StatisticSpec", "StatisticKind", "register", "kind_of", "kinds", "KINDS", "align_clamp"]
 
 
 @dataclass(frozen=True)
@@ -110,16 +112,14 @@ class StatisticKind:
     """Base class of a statistic kind; subclasses live one per module and register."""
 
     kind: ClassVar[str] = ""
-    #: fields this kind accepts besides name, kind and weight
-    fields: ClassVar[frozenset[str]] = frozenset()
+    #: the fields this kind accepts besides name, kind and weight (and column, lower, upper
+    #: when ``needs_value``): a pydantic model mixed into the kind's ``statistics[]`` entry
+    #: model (its validators may read ``self.lower`` / ``self.upper``); its set fields become
+    #: :attr:`StatisticSpec.options`. None: the kind is refused with :attr:`refusal`.
+    options: ClassVar[Optional[type]] = None
+    #: why a spec may not use this kind (with the fix), when ``options`` is None
+    refusal: ClassVar[Optional[str]] = None
     needs_value: ClassVar[bool] = False
-
-    # -- spec --------------------------------------------------------------------------
-    def parse(self, raw: Mapping[str, Any], err: Callable[[str, str], Exception],
-              clamp: Optional[Clamp] = None) -> dict[str, Any]:
-        """Kind-specific options from the raw spec entry (checked; errors via ``err(field, problem)``);
-        ``clamp``: the statistic's value column and bounds, for kinds that read one."""
-        return {}
 
     # -- plan ----------------------------------------------------------------------------
     def components(self, stat: StatisticSpec, *, rows_shared: bool) -> tuple:
@@ -149,6 +149,12 @@ def register(cls: type[StatisticKind]) -> type[StatisticKind]:
         raise ValueError(f"statistic kind {cls.kind!r} is empty or registered twice")
     KINDS[cls.kind] = cls()
     return cls
+
+
+def kinds() -> dict[str, StatisticKind]:
+    """Every registered kind, by name (the kinds' modules loaded)."""
+    _load()
+    return dict(KINDS)
 
 
 def kind_of(name: str) -> StatisticKind:

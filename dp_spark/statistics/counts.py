@@ -24,17 +24,13 @@ from typing import Any, Mapping
 
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
+from dp_spark.statistics.moments import GroupSizeOptions
 from dp_spark.statistics.noise import count_cell
 
 
 class _Count(StatisticKind):
     component_kind = "rows"
-    fields = frozenset({"assumed_group_size"})
-
-    def parse(self, raw, err, clamp=None):
-        from dp_spark.statistics.moments import parse_group_size
-
-        return {"assumed_group_size": parse_group_size(raw, err)}
+    options = GroupSizeOptions
 
     def components(self, stat: StatisticSpec, *, rows_shared: bool) -> tuple:
         return (Component(self.component_kind),)
@@ -64,10 +60,7 @@ class Distinct(StatisticKind):
     """``{kind: distinct, column: X}`` for X other than the unit: refused with the reason."""
 
     kind = "distinct"
-    fields = frozenset({"column"})
-
-    def parse(self, raw, err, clamp=None):
-        raise err("kind", "a distinct count of a column other than the privacy unit has no sensitivity "
-                  "bounded by the enforced bounds (one unit can add a new value to every cell it "
-                  "touches, and the count of values it shares with others is unbounded): use "
-                  "'distinct_units' for the unit, or make the column the privacy unit")
+    refusal = ("a distinct count of a column other than the privacy unit has no sensitivity "
+               "bounded by the enforced bounds (one unit can add a new value to every cell it "
+               "touches, and the count of values it shares with others is unbounded): use "
+               "'distinct_units' for the unit, or make the column the privacy unit")

@@ -55,13 +55,14 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from typing import Any
+from typing import Optional
+
+from pydantic import Field, model_validator
 
 import numpy as np
 
-from dp_spark.budget import to_fraction
-from dp_spark.errors import DpSparkError
 from dp_spark.mechanisms.mean import mean_cell_accuracy, mean_error_quantile, mean_expected_abs_error
+from dp_spark.spec.types import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.noise import cell, expected_abs, halfwidth, joint_alpha, law_nodes, plugin_error, stddev
@@ -69,28 +70,27 @@ from dp_spark.statistics.noise import cell, expected_abs, halfwidth, joint_alpha
 DEFAULT_GROUP_SIZE = 100
 
 
-def parse_group_size(raw, err) -> int:
-    n = raw.get("assumed_group_size", DEFAULT_GROUP_SIZE)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise err("assumed_group_size", "must be an integer >= 1")
-    return n
+class GroupSizeOptions(SpecModel):
+    """Options of every kind: the public group size the default budget split assumes."""
+
+    assumed_group_size: PositiveInt = Field(
+        DEFAULT_GROUP_SIZE, description="public group size used by the default split of the charge")
 
 
-def _ratio_options(raw, err, clamp) -> dict[str, Any]:
-    out = {"assumed_group_size": parse_group_size(raw, err)}
-    mc = raw.get("min_count", 1)
-    if isinstance(mc, bool) or not isinstance(mc, int) or mc < 1:
-        raise err("min_count", "must be an integer >= 1")
-    out["min_count"] = mc
-    if raw.get("assumed_mean") is not None:
-        try:
-            m = to_fraction(raw["assumed_mean"], "assumed_mean")
-        except DpSparkError as exc:
-            raise err("assumed_mean", str(exc)) from None
-        if not clamp.declared_lower <= m <= clamp.declared_upper:
-            raise err("assumed_mean", "must lie within the statistic's [lower, upper]")
-        out["assumed_mean"] = m
-    return out
+class RatioOptions(GroupSizeOptions):
+    """Options of a mean, variance or stddev (mixed into an entry with ``lower`` and ``upper``)."""
+
+    min_count: PositiveInt = Field(1, description="floor of the noisy count in the denominator")
+    assumed_mean: Optional[Number] = Field(
+        None, description="public estimate of the mean (within [lower, upper], e.g. last period's published "
+                          "value) for the split; a wrong one costs accuracy, never privacy")
+
+    @model_validator(mode="after")
+    def _assumed_mean_within(self) -> "RatioOptions":
+        lo, hi = getattr(self, "lower", None), getattr(self, "upper", None)
+        if self.assumed_mean is not None and lo is not None and not lo <= self.assumed_mean <= hi:
+            raise fail_at([(("assumed_mean",), "must lie within the statistic's [lower, upper]")])
+        return self
 
 
 def _dev(stat: StatisticSpec) -> float:
@@ -208,10 +208,7 @@ def spread_error(c: float, s: float, q: float, w: float, floor: float, count_pla
 class Sum(StatisticKind):
     kind = "sum"
     needs_value = True
-    fields = frozenset({"assumed_group_size"})
-
-    def parse(self, raw, err, clamp):
-        return {"assumed_group_size": parse_group_size(raw, err)}
+    options = GroupSizeOptions
 
     def components(self, stat, *, rows_shared):
         if rows_shared and stat.clamp.midpoint != 0:
@@ -246,10 +243,7 @@ class Sum(StatisticKind):
 class Mean(StatisticKind):
     kind = "mean"
     needs_value = True
-    fields = frozenset({"assumed_group_size", "min_count", "assumed_mean"})
-
-    def parse(self, raw, err, clamp):
-        return _ratio_options(raw, err, clamp)
+    options = RatioOptions
 
     def components(self, stat, *, rows_shared):
         return _comps(stat, "rows", "nsum")
@@ -276,10 +270,7 @@ class Mean(StatisticKind):
 class Variance(StatisticKind):
     kind = "variance"
     needs_value = True
-    fields = frozenset({"assumed_group_size", "min_count", "assumed_mean"})
-
-    def parse(self, raw, err, clamp):
-        return _ratio_options(raw, err, clamp)
+    options = RatioOptions
 
     def components(self, stat, *, rows_shared):
         return _comps(stat, "rows", "nsum", "nsumsq")

@@ -50,19 +50,29 @@ from __future__ import annotations
 
 import functools
 import math
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from dp_spark.mechanisms.accuracy import edge_halfwidths
+from dp_spark.spec.types import int_type, number_type
 from dp_spark.statistics.base import StatisticKind, register
 from dp_spark.statistics.components import Component
-from dp_spark.statistics.moments import parse_group_size
+from dp_spark.statistics.moments import GroupSizeOptions
 from dp_spark.statistics.noise import cell, law_draws
 
 DEFAULT_BINS = 64
 MAX_BINS = 1024
+
+
+class QuantileOptions(GroupSizeOptions):
+    """Options of a quantile."""
+
+    q: number_type(gt=0, lt=1, what="a number strictly between 0 and 1", strings=False) = Field(  # type: ignore
+        description="the quantile, in (0, 1)")
+    bins: int_type(2, MAX_BINS) = Field(  # type: ignore[valid-type]
+        DEFAULT_BINS, description=f"number of public equal-width bins of [lower, upper] (at most {MAX_BINS})")
 
 
 def quantile_from_histogram(hist: list, q: float, lower: float, upper: float) -> float:
@@ -153,16 +163,7 @@ def quantile_interval(hist: list, q: float, lower: float, upper: float, halfwidt
 class Quantile(StatisticKind):
     kind = "quantile"
     needs_value = True
-    fields = frozenset({"q", "bins", "assumed_group_size"})
-
-    def parse(self, raw, err, clamp):
-        q = raw.get("q")
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q < 1:
-            raise err("q", "must be a number strictly between 0 and 1")
-        bins = raw.get("bins", DEFAULT_BINS)
-        if isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= MAX_BINS:
-            raise err("bins", f"must be an integer in [2, {MAX_BINS}]")
-        return {"q": Fraction(str(q)), "bins": bins, "assumed_group_size": parse_group_size(raw, err)}
+    options = QuantileOptions
 
     def components(self, stat, *, rows_shared):
         return (Component("hist", stat.clamp, bins=stat.option("bins")),)

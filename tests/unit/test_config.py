@@ -177,3 +177,32 @@ def test_assumed_mean_is_optional_public_and_checked():
         spec(mean={"assumed_group_size": 100, "assumed_mean": 501})
     with pytest.raises(ConfigError, match=r"mean\.assumed_mean"):
         spec(mean={"assumed_group_size": 100, "assumed_mean": "lots"})
+
+
+def test_env_errors_are_reported_at_once_by_field_path():
+    from dp_spark.config import env_from_dict
+
+    with pytest.raises(ConfigError) as exc:
+        env_from_dict({"name": "t", "warehouse": "wh", "datasets": {"x": ""}, "lease_seconds": 0,
+                       "spark": {"mastr": "local"}, "ledger_key_secret": {"scope": "secret_scope_7"}},
+                      source="e.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("e.yaml: 4 errors")
+    for path in ("spark.mastr", "datasets.x", "lease_seconds", "ledger_key_secret.key"):
+        assert f"field '{path}'" in msg, msg
+    assert "secret_scope_7" not in msg
+
+
+def test_access_policy_errors_are_reported_at_once_by_field_path():
+    from dp_spark.governance.access import access_policy_from_dict
+
+    with pytest.raises(ConfigError) as exc:
+        access_policy_from_dict({"version": 2, "principals": {"x": {"roles": ["owner"]}, "y": {"roles": []}},
+                                 "local_default": {"roles": ["publisher"]}, "pinned_versions": {"d": "short"},
+                                 "extra": 1}, "access.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("access.yaml: 6 errors"), msg
+    for path in ("version", "pinned_versions", "principals.x.roles[0]", "principals.y.roles", "local_default.envs",
+                 "extra"):
+        assert f"field '{path}'" in msg, msg
+    assert "owner" not in msg and "short" not in msg and "(allowed: [" in msg

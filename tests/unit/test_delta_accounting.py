@@ -181,9 +181,9 @@ def _spec(**budget):
 def _charge(**budget):
     """The budget block's parsing alone (whether a spec may spend delta at all depends on its
     private keys, checked after it)."""
-    from dp_spark.config import _budget_charge
+    from dp_spark.spec.release import budget_charge
 
-    return _budget_charge({"id": "x", **budget}, budget["measure"], "t.yaml")
+    return budget_charge({"id": "x", **budget}, "t.yaml")
 
 
 def test_release_id_of_a_spec_without_delta_is_unchanged():

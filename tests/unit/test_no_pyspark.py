@@ -19,19 +19,23 @@ def _core_modules() -> list[str]:
     for name in OPTIONAL:
         if (PKG / (name.split(".", 1)[1] + ".py")).exists():
             mods.append(name)
-    for f in sorted((PKG / "mechanisms").glob("*.py")):
-        mods.append("dp_spark.mechanisms" if f.stem == "__init__" else f"dp_spark.mechanisms.{f.stem}")
+    for sub in ("mechanisms", "spec"):
+        for f in sorted((PKG / sub).glob("*.py")):
+            mods.append(f"dp_spark.{sub}" if f.stem == "__init__" else f"dp_spark.{sub}.{f.stem}")
     return mods
 
 
 def test_core_imports_without_pyspark():
     mods = _core_modules()
     assert "dp_spark.mechanisms.release" in mods and "dp_spark.mechanisms.mean" in mods
+    assert "dp_spark.spec.release" in mods and "dp_spark.spec.schema" in mods
     code = (
         "import importlib, sys\n"
         f"for m in {mods!r}:\n"
         "    importlib.import_module(m)\n"
         "bad = sorted(m for m in sys.modules if m == 'pyspark' or m.startswith('pyspark.'))\n"
+        # the spec layer does not reach pyspark through the secrets reader either
+        "bad += [m for m in ('dp_spark.secrets',) if m in sys.modules]\n"
         "print('LOADED', bad)\n"
         "sys.exit(1 if bad else 0)\n"
     )

@@ -1,4 +1,4 @@
-"""Release spec validation on pydantic v2 (dp_spark/spec_model.py): all errors of a file at
+"""Release spec validation on pydantic v2 (dp_spark/spec/release.py): all errors of a file at
 once with their field paths and no values, the JSON Schema (``dp-spark schema``, shipped as
 conf/release-spec.schema.json), and docs/config.md checked against the models."""
 
@@ -15,8 +15,9 @@ import yaml
 from dp_spark import cli
 from dp_spark.config import load_release_spec, release_spec_from_dict
 from dp_spark.errors import ConfigError
-from dp_spark.spec_model import (field_paths, release_spec_errors, release_spec_json_schema,
-                                 release_spec_json_schema_text)
+from dp_spark.spec.release import release_spec_errors
+from dp_spark.spec.schema import (docs_with_table, field_paths, release_spec_json_schema,
+                                  release_spec_json_schema_text)
 from tests.shipped_specs import shipped_spec_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,3 +252,52 @@ def test_every_accepted_field_is_documented():
         if row is None or (n < len(parts) and not re.search(rf"\b{re.escape(parts[-1])}\b", row)):
             undocumented.append(path)
     assert not undocumented, f"fields the models accept but docs/config.md does not document: {undocumented}"
+
+
+def test_the_docs_field_table_is_the_generated_one():
+    text = (ROOT / "docs" / "config.md").read_text()
+    assert text == docs_with_table(text), (
+        "docs/config.md's field table is stale: run `python -m dp_spark.spec.schema --docs docs/config.md`")
+
+
+def test_cross_field_rules_are_reported_together_with_their_paths():
+    d = _spec(MULTI)
+    d["budget"]["delta"] = "1e-8"  # no private keys: spends no delta
+    d["statistics"][1]["name"] = d["statistics"][0]["name"]
+    d["columns"] = ["user_id"]
+    d["max_cells"] = 2
+    msg = _error(d)
+    assert "5 errors" in msg, msg  # the where then reads a column outside 'columns' too
+    for path in ("budget.delta", "statistics", "columns", "group_by.public_keys", "where"):
+        assert f"field '{path}'" in msg, msg
+
+
+def test_a_kind_declares_its_fields_once():
+    """The statistics[] entries are built from the kind registry: each kind's options model
+    is the one place its fields live (schema, validation and docs follow)."""
+    from dp_spark.spec.release import statistic_models
+    from dp_spark.statistics.base import kinds
+
+    by_kind = {m.model_fields["kind"].annotation.__args__[0]: m for m in statistic_models()}
+    for name, kind in kinds().items():
+        if kind.options is None:
+            assert name not in by_kind and kind.refusal
+            continue
+        assert set(kind.options.model_fields) <= set(by_kind[name].model_fields)
+    schema = release_spec_json_schema()
+    assert {"q", "bins"} <= set(schema["$defs"]["QuantileStatistic"]["properties"])
+    assert "q" not in schema["$defs"]["MeanStatistic"]["properties"]
+
+
+def test_bounds_the_grid_cannot_hold_name_their_field():
+    from dp_spark.errors import InvalidBoundsError
+
+    d = _spec(MULTI)
+    d["statistics"][2]["upper"] = 1e300
+    with pytest.raises(InvalidBoundsError, match=r"^t\.yaml: field 'statistics\[2\]': not representable"):
+        release_spec_from_dict(d, source="t.yaml")
+    d = _spec(SINGLE)
+    d["value"] = {"column": "order_value", "lower": -1e300, "upper": 1e300}
+    d.pop("mean")
+    with pytest.raises(InvalidBoundsError, match=r"^t\.yaml: field 'value': not representable"):
+        release_spec_from_dict(d, source="t.yaml")

@@ -4,8 +4,8 @@
   and the header changes nothing in the spec;
 * ``plan()`` without a budget id resolves it like ``publish`` does (the one policy of the
   dataset in the charge's measure), from any working folder, or says which field to add;
-* ``load_env()`` without an argument finds the project env as the CLI does (not yet: it lives
-  in dp_spark/config.py; the test below is a strict xfail until it does).
+* ``load_env()`` without an argument finds the project env as the CLI does
+  (:func:`dp_spark.config.resolve_env`).
 """
 
 from __future__ import annotations
@@ -122,9 +122,6 @@ def test_publish_and_plan_fill_in_the_same_budget():
 
 
 # -- load_env(): the project env by default ------------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="dp_spark.config.load_env has no default yet (issue 32 item 5: config.py is "
-                          "being rewritten; it should resolve None as dp_spark.cli.resolve_env does)")
 def test_load_env_without_a_path_finds_the_project_env_from_any_folder(elsewhere):
     from dp_spark.config import load_env
 

@@ -1,0 +1,91 @@
+"""The environment file (``conf/envs/*.yaml``): a frozen pydantic model, every field checked at once.
+
+Where the data, the warehouse, the ledger and the policies are. The model holds the file as
+written; :func:`dp_spark.config.env_from_dict` resolves its paths against the project root
+(``{warehouse}`` placeholders, relative paths) and exports its Databricks secret references.
+Nothing here imports pyspark (the secrets reader, :mod:`dp_spark.secrets`, is the loader's).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from pydantic import Field, PlainValidator, ValidationError, WithJsonSchema
+from typing_extensions import Annotated
+
+from dp_spark.errors import ConfigError
+from dp_spark.spec.errors import model_errors, raise_errors
+from dp_spark.spec.types import FreeText, PositiveInt, SpecModel, fail
+
+__all__ = ["EnvModel", "SecretRefModel", "SparkModel", "env_model"]
+
+
+def _path_text(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise fail("must be a path")
+    return v
+
+
+def _location(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise fail("must be a Delta path or table name")
+    return v
+
+
+PathText = Annotated[str, PlainValidator(_path_text), WithJsonSchema({"type": "string", "minLength": 1})]
+Location = Annotated[str, PlainValidator(_location), WithJsonSchema({"type": "string", "minLength": 1})]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class SecretRefModel(SpecModel):
+    """A Databricks secret: ``{scope: S, key: K}`` (read on Databricks only; never logged)."""
+
+    scope: NonEmpty = Field(description="the secret scope")
+    key: NonEmpty = Field(description="the secret's key in the scope")
+
+
+class SparkModel(SpecModel):
+    """``spark``: the session the jobs build."""
+
+    master: Optional[str] = Field(None, description="the Spark master (local runs)")
+    conf: Optional[dict[str, Any]] = Field(None, description="Spark configuration, each value as text")
+
+
+class EnvModel(SpecModel):
+    """An environment file."""
+
+    name: FreeText = Field(description="label")
+    spark: Optional[SparkModel] = Field(None, description="used only when no SparkSession exists yet")
+    warehouse: FreeText = Field(description="root folder; {warehouse} in other fields expands to it")
+    datasets: dict[str, Location] = Field(description="logical dataset -> Delta path (contains /) or catalog table name")
+    output_root: PathText = Field("{warehouse}/releases", description="where official release tables go")
+    exploration_root: PathText = Field("{warehouse}/exploration", description="where exploration release tables go")
+    ledger_url: Optional[FreeText] = Field(None, description="sqlite:PATH (embedded; default sqlite:{warehouse}/ledger.db) or postgresql://... (shared)")
+    policies: PathText = Field("conf/policies/budgets.yaml", description="budget policy file")
+    ledger_mirror: PathText = Field("{warehouse}/ledger_mirror", description="Delta mirror of the ledger, for analysts")
+    audit_mirror: PathText = Field("{warehouse}/audit_mirror", description="Delta mirror of the audit log, for analysts")
+    salt_file: PathText = Field("{warehouse}/.bounding_salt", description="salt of the bottom-K priority, created with mode 0600; kept out of Spark plans, confidential for the sample's uniformity only (the DP guarantee does not depend on it: docs/privacy-semantics.md section 3)")
+    lease_seconds: PositiveInt = Field(300, description="how long one run owns a reservation before another may take it over")
+    demo: Optional[dict[str, Any]] = Field(None, description="parameters of the demo data generator")
+    ledger_key_secret: Optional[SecretRefModel] = Field(
+        None, description="{scope, key} of the Databricks secret holding the ledger's HMAC key, exported to "
+                          "$DP_SPARK_LEDGER_KEY on Databricks unless set (docs/deploy.md)")
+    ledger_password_secret: Optional[SecretRefModel] = Field(
+        None, description="{scope, key} of the Databricks secret holding the PostgreSQL password, exported to "
+                          "$PGPASSWORD on Databricks unless set")
+
+    def secret_refs(self) -> dict[str, Optional[tuple[str, str]]]:
+        return {f: None if getattr(self, f) is None else (getattr(self, f).scope, getattr(self, f).key)
+                for f in ("ledger_key_secret", "ledger_password_secret")}
+
+
+def env_model(data: Mapping[str, Any], source: str = "<dict>") -> EnvModel:
+    """Validate an env mapping: one :class:`ConfigError` naming every problem by field path."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: top level must be a mapping")
+    raw = {k: v for k, v in data.items() if not (k in ("spark", "demo") and v is None)}
+    try:
+        return EnvModel.model_validate(raw)
+    except ValidationError as exc:
+        raise_errors(source, model_errors(exc, model=EnvModel))
+        raise  # unreachable: raise_errors raises

@@ -1,0 +1,299 @@
+"""The validated release spec as the engine reads it: frozen dataclasses built from the
+models of :mod:`dp_spark.spec.release` (key sets resolved against the job's date, clamps
+aligned to the grid, the charge converted, the single-``metric`` form rewritten), and its
+identity: :meth:`ReleaseSpec.canonical` and :meth:`ReleaseSpec.version`, from which every
+release id is derived. The canonical form is byte-stable: ``tests/unit/golden_release_ids.json``.
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any, Optional
+
+from dp_spark.budget import Budget
+from dp_spark.errors import ConfigError
+from dp_spark.governance.thresholds import MinGroupSize
+from dp_spark.statistics.base import StatisticSpec, align_clamp
+from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit
+
+__all__ = ["PublicKeys", "PrivateKeys", "ValueSpec", "MeanOptions", "ExhaustionPolicy", "ReleaseSpec",
+           "DEFAULT_SELECTION_SHARE", "key_set_canonical", "bounds_to_json", "grid_align"]
+
+
+@dataclass(frozen=True)
+class PublicKeys:
+    """The declared, public set of group keys. Keys are never read from the data."""
+
+    column: str
+    kind: str  # "string" | "date"
+    values: tuple[str, ...]
+
+    def restricted_to(self, keys: tuple[str, ...]) -> "PublicKeys":
+        missing = [k for k in keys if k not in self.values]
+        if missing:
+            raise ConfigError("requested keys are outside the declared public key set")
+        return replace(self, values=tuple(keys))
+
+
+@dataclass(frozen=True)
+class PrivateKeys:
+    """A group-by column whose keys are NOT declared: they are selected privately from the
+    bounded data (``group_by: [{column: region, private_keys: {max_keys: 500}}]``).
+
+    ``max_keys``: at most this many values of the column are published (the selected keys
+    with the largest noisy counts). ``share``: the fraction of the release's charge spent on
+    selecting the keys (default :data:`DEFAULT_SELECTION_SHARE`); the statistics share the rest.
+    Several private columns are selected jointly, as tuples (see
+    :mod:`dp_spark.statistics.selection`)."""
+
+    column: str
+    max_keys: int
+    share: Optional[Fraction] = None
+    kind: str = "private"
+
+
+#: the fraction of a release's charge that private key selection takes unless ``share`` says
+DEFAULT_SELECTION_SHARE = Fraction(1, 4)
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    column: str
+    lower: Fraction  # enforced (grid-aligned) bounds
+    upper: Fraction
+    declared_lower: Fraction
+    declared_upper: Fraction
+    grid_exponent: int
+
+
+@dataclass(frozen=True)
+class MeanOptions:
+    assumed_group_size: int
+    min_count: int
+    # a PUBLIC estimate of the mean (e.g. last period's published release), used only to
+    # split the budget between sum and count; a wrong value costs accuracy, never privacy
+    assumed_mean: Optional[Fraction] = None
+
+
+@dataclass(frozen=True)
+class ExhaustionPolicy:
+    policy: str
+    fallback: Optional[str] = None  # path of the coarser spec for "degrade"
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    """A pre-registered release. Frozen; every field validated in ``from_dict``.
+
+    One form runs: ``statistics`` and ``key_sets``. A spec written in the single-``metric``
+    form is rewritten into it at parse time (:func:`legacy_statistics`); ``metric``,
+    ``group_by``, ``value`` and ``mean`` then keep what it declared, so that its canonical
+    form -- and so its release ids and spec version -- stay what they always were
+    (``tests/unit/golden_release_ids.json``). They are None for a spec written with
+    ``statistics`` (``group_by`` is then its one public key set, if it has exactly one)."""
+
+    name: str
+    family: str
+    description: str
+    dataset: str
+    unit: PrivacyUnit
+    neighbouring: Neighbouring
+    metric: str
+    group_by: Optional[PublicKeys]
+    value: Optional[ValueSpec]
+    bounds: ContributionBounds
+    budget_id: str
+    charge: Budget
+    mean: Optional[MeanOptions]
+    confidence: Fraction
+    on_exhausted: ExhaustionPolicy
+    columns: tuple[str, ...]
+    max_cells: int
+    min_group_size: Optional[MinGroupSize] = None
+    source: str = field(default="<dict>", compare=False)
+    # what the release computes (a single-``metric`` spec: its rewrite, legacy_statistics)
+    statistics: tuple[StatisticSpec, ...] = ()
+    # one per group-by column, as declared: PublicKeys, or PrivateKeys (selected privately);
+    # cells = the cross product of the public key sets x the selected private key tuples
+    key_sets: tuple[Any, ...] = ()
+    where: Optional[str] = None
+
+    # -- identity ------------------------------------------------------------------------
+    def canonical(self) -> dict[str, Any]:
+        """Everything that determines the release, in a JSON-stable form.
+
+        A spec written in the single-``metric`` form keeps the shape (and so the release ids) it
+        always had, whatever it is rewritten into; the multi-statistic form has its own shape
+        (fields added since, such as ``min_group_size`` there or ``where`` on the single-metric
+        form, appear only when set: specs without them keep their ids)."""
+        if self.metric is None:
+            return {
+                "form": "statistics",
+                "name": self.name, "family": self.family, "dataset": self.dataset,
+                "unit": {"kind": self.unit.kind.value, "column": self.unit.column},
+                "neighbouring": self.neighbouring.value,
+                "where": self.where,
+                "group_by": [key_set_canonical(k) for k in self.key_sets],
+                "statistics": [s.canonical() for s in self.statistics],
+                "bounds": bounds_to_json(self.bounds),
+                "budget_id": self.budget_id,
+                "charge": self.charge.to_json(),
+                "confidence": str(self.confidence),
+                "columns": list(self.columns),
+                **({} if self.min_group_size is None else {"min_group_size": self.min_group_size.to_json()}),
+            }
+        return {
+            "name": self.name,
+            "family": self.family,
+            "dataset": self.dataset,
+            "unit": {"kind": self.unit.kind.value, "column": self.unit.column},
+            "neighbouring": self.neighbouring.value,
+            "metric": self.metric,
+            "group_by": None
+            if self.group_by is None
+            else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values)},
+            "value": None
+            if self.value is None
+            else {"column": self.value.column, "lower": str(self.value.lower), "upper": str(self.value.upper),
+                  "grid_exponent": self.value.grid_exponent},
+            "bounds": bounds_to_json(self.bounds),
+            "budget_id": self.budget_id,
+            "charge": self.charge.to_json(),
+            "mean": None
+            if self.mean is None
+            else {"assumed_group_size": self.mean.assumed_group_size, "min_count": self.mean.min_count,
+                  # only when set, so that specs without it keep their release ids
+                  **({} if self.mean.assumed_mean is None else {"assumed_mean": str(self.mean.assumed_mean)})},
+            "confidence": str(self.confidence),
+            "columns": list(self.columns),
+            "min_group_size": None if self.min_group_size is None else self.min_group_size.to_json(),
+            **({} if self.where is None else {"where": self.where}),
+        }
+
+    def version(self) -> str:
+        """Content hash of the canonical spec: an edited spec is a new version."""
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def public_key_sets(self) -> tuple[PublicKeys, ...]:
+        return tuple(k for k in self.key_sets if isinstance(k, PublicKeys))
+
+    @property
+    def private_key_sets(self) -> tuple[PrivateKeys, ...]:
+        return tuple(k for k in self.key_sets if isinstance(k, PrivateKeys))
+
+    @property
+    def max_private_tuples(self) -> int:
+        """At most this many private key tuples are selected (1 without private keys): the
+        product of the private columns' ``max_keys``."""
+        n = 1
+        for k in self.private_key_sets:
+            n *= k.max_keys
+        return n
+
+    @property
+    def selection_share(self) -> Optional[Fraction]:
+        """The fraction of the charge spent on private key selection (None without)."""
+        if not self.private_key_sets:
+            return None
+        shares = {k.share for k in self.private_key_sets if k.share is not None}
+        return shares.pop() if shares else DEFAULT_SELECTION_SHARE
+
+    @property
+    def cells(self) -> int:
+        """The number of key tuples (cells per statistic); with private keys, the most there
+        can be (public key tuples x the most private key tuples selected)."""
+        n = 1
+        for k in self.public_key_sets:
+            n *= len(k.values)
+        return n * self.max_private_tuples
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The canonical ``key`` string of every cell, in order (known before the data only
+        when every group-by column has public keys)."""
+        if self.private_key_sets:
+            raise ConfigError(f"{self.source}: the keys of a release with private_keys are selected "
+                              "from the data at publication; they are not known in advance")
+        from dp_spark.statistics.plan import canonical_key, key_tuples
+
+        return tuple(canonical_key(self.key_sets, t) for t in key_tuples(self.key_sets))
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(k.column for k in self.key_sets)
+
+    @property
+    def group_size_statistic(self) -> Optional[str]:
+        """The statistic whose noisy value is a cell's group size (``min_group_size``
+        thresholds it): the first ``count``, else the first ``distinct_units`` (None without)."""
+        for kind in ("count", "distinct_units"):
+            for s in self.statistics:
+                if s.kind == kind:
+                    return s.name
+        return None
+
+    @property
+    def date_key_set(self) -> Optional[PublicKeys]:
+        """The one group-by column keyed by declared dates (None when there is none or several)."""
+        dated = [k for k in self.public_key_sets if k.kind == "date"]
+        return dated[0] if len(dated) == 1 else None
+
+    def for_keys(self, keys: tuple[str, ...], *, name_suffix: str, column: Optional[str] = None) -> "ReleaseSpec":
+        """The same spec restricted to a subset of its public keys (e.g. one day): ``column``
+        (default: its one date-keyed column, or its one public key column); its other key
+        columns, public or private, are unchanged; L0 is capped at the cells left. Either form
+        (a single-metric spec restricts its ``group_by`` too, which its release id reads)."""
+        if not self.key_sets:
+            raise ConfigError(f"{self.source}: this release has no group_by to restrict")
+        public = self.public_key_sets
+        default = (self.date_key_set.column if self.date_key_set is not None
+                   else public[0].column if len(public) == 1 else None)
+        target = column or default
+        idx = [i for i, k in enumerate(self.key_sets) if isinstance(k, PublicKeys) and k.column == target]
+        if target is None or len(idx) != 1:
+            raise ConfigError(f"{self.source}: name the public key column to restrict (a release with "
+                              "several key columns restricts one: by default its one date-keyed column)")
+        key_sets = list(self.key_sets)
+        key_sets[idx[0]] = key_sets[idx[0]].restricted_to(keys)
+        out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
+        if len(key_sets) == 1:
+            out = replace(out, group_by=key_sets[0])
+        l0 = min(self.bounds.max_partitions_per_unit, out.cells)
+        return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))
+
+
+def key_set_canonical(k: Any) -> dict[str, Any]:
+    if isinstance(k, PrivateKeys):
+        return {"column": k.column, "kind": "private", "max_keys": k.max_keys,
+                "share": None if k.share is None else str(k.share)}
+    return {"column": k.column, "kind": k.kind, "keys": list(k.values)}
+
+
+def bounds_to_json(b: ContributionBounds) -> dict[str, Any]:
+    return {
+        "max_rows_per_unit": b.max_rows_per_unit,
+        "max_partitions_per_unit": b.max_partitions_per_unit,
+        "max_rows_per_partition": b.max_rows_per_partition,
+        "lower": None if b.lower is None else str(b.lower),
+        "upper": None if b.upper is None else str(b.upper),
+    }
+
+
+
+
+def grid_align(declared_lower: Fraction, declared_upper: Fraction) -> tuple[Fraction, Fraction, int]:
+    """Round the clamp bounds outward to the fixed-point grid (multiples of 2^(k+1)).
+
+    The grid exponent k depends on the public bounds only. Aligning to 2^(k+1) makes the
+    lower bound, the upper bound and their midpoint exact grid points, so the sensitivity
+    derived from the enforced bounds is exactly what the Spark path can produce.
+    """
+    c = align_clamp("", declared_lower, declared_upper)
+    return c.lower, c.upper, c.grid_exponent
