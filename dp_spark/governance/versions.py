@@ -12,35 +12,16 @@ One Delta table (``<output_root>/_published``) holds one row per published versi
     changed_by   string     who made the last state change (null while current since publication)
     changed_at   timestamp  when (UTC)
 
-Invariant: at most one ``current`` row per family. Every state change is ONE Delta commit:
-publishing supersedes the old current row and inserts the new one together; a rollback
-withdraws the current row and restores the previous one together. A crash therefore leaves
-either the old state or the new, never two current versions. The commit is a ``MERGE``,
-except for the publication of one family on a classic session (:func:`_rewrite_family`): the
-family's rows, read at a known table version, are replaced by their new state -- the rows the
-MERGE would leave, computed here -- through Delta's transaction on exactly that version, which
-removes the family's files and writes one new file, when every file that may hold the family
-holds nothing else (their statistics say so; a file of several families, written by a batch's
-MERGE or outside dp_spark, sends the publication to the MERGE, and so does any family name
-beyond 32 characters or printable ASCII in the table, whose bounds Delta truncates or this
-path does not compare). It declares the whole table
-read, so any concurrent commit makes it conflict and retry. Two Spark jobs instead of the
-MERGE's seven to nine (0.45 s against 0.75 s on an idle 2-core machine); a new table keeps one
-file per family. The
-table is created with ``delta.isolationLevel = Serializable``; two concurrent changes of
-one family both rewrite the file of its current row, so Delta refuses the second commit
-(ConcurrentAppend/ConcurrentDelete...), which is retried on the new state. A publication
-checks the MERGE's metrics (one row inserted, every current row superseded) and re-reads
-the table only when they differ; a rollback always re-reads. Every read checks the
-invariant, so a log store that lost a commit is detected by the next change or reader.
-
-Reads are cached per process, one entry per path: the rows last read (or written) at the
-table's identity ``(table id, Delta version)`` taken from its log, served again only while
-the identity is unchanged (every commit, RESTORE or OPTIMIZE is a new version; a recreated
-table a new id), and cached only when the identity was the same before and after the read.
-A publication caches its post-state when the table is at exactly the read version + 1 after
-its MERGE (nobody else committed), so the statement then reads no rows; without the log
-(Spark Connect) every read goes to the table.
+Invariant: at most one ``current`` row per family. Every state change is ONE Delta commit, a
+``MERGE``: publishing supersedes the old current row and inserts the new one together; a
+rollback withdraws the current row and restores the previous one together. A crash therefore
+leaves either the old state or the new, never two current versions. The table is created with
+``delta.isolationLevel = Serializable``; two concurrent changes of one family both rewrite the
+file of its current row, so Delta refuses the second commit (ConcurrentAppend/ConcurrentDelete...),
+which is retried on the new state. A publication checks the MERGE's metrics (one row inserted,
+every current row superseded) and re-reads the table only when they differ; a rollback always
+re-reads. Every read checks the invariant, so a log store that lost a commit is detected by the
+next change or reader.
 
 Rollback keeps the history (rows are never deleted) and refunds NO budget: the withdrawn
 release was published, so whoever read it holds its privacy loss; the ledger keeps its
@@ -48,9 +29,7 @@ charge and the privacy statement lists it under errata. The published view
 (:func:`published_view`) serves only the current version's rows. Exploration releases are
 never versioned: :func:`published_view` keeps ``mode = official`` rows only.
 
-Only SQL and DataFrame APIs, so this works on Spark Connect, except the optional fast paths
-(the table's identity from its log, the transaction above) that reach Delta through the JVM
-gateway and fall back to SQL and the MERGE without it.
+Only SQL and DataFrame APIs (Delta's public API), so this works on Spark Connect and Databricks.
 """
 
 from __future__ import annotations
@@ -66,7 +45,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import ConfigError, DpSparkError, ReleaseConflictError
-from dp_spark.release.identity_cache import Identity, IdentityCache
 from dp_spark.release.writer import _NO_TABLE_CONDITIONS, _condition, _delta_schema
 
 __all__ = [
@@ -80,7 +58,6 @@ __all__ = [
     "current_release_id",
     "history",
     "published_view",
-    "table_version",
     "published_path_for",
 ]
 
@@ -169,85 +146,16 @@ def ensure_published_table(spark: SparkSession, path: str) -> None:
             time.sleep(0.5)
 
 
-# --------------------------------------------------------------------------------------
-# the process-wide cache of the table's rows (see the module docstring)
-# --------------------------------------------------------------------------------------
-CACHED_PATHS = 64  # one entry per path; the least recently used path is dropped beyond this
-
-_Identity = Identity  # (Delta table id, Delta version)
-
-
-def _copy_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(r) for r in rows]
-
-
-#: path -> (identity, {family: every row of the family in the table at that identity})
-_cache: "IdentityCache[list[dict[str, Any]]]" = IdentityCache(lambda: CACHED_PATHS, copy=_copy_rows)
-
-
-def _identity(spark: SparkSession, path: str) -> Optional[_Identity]:
-    """The table's (id, latest Delta version) from its log (no Spark job), or None where that
-    is not available (Spark Connect, no table yet, any failure): then nothing is cached."""
-    from dp_spark.release.writer import _fast_snapshot
-
-    try:
-        snap = _fast_snapshot(spark, path)
-    except Exception:
-        return None
-    return None if snap is None else (snap.table_id, snap.version)
-
-
-def _cached_rows(path: str, identity: Optional[_Identity], families: Sequence[str]) -> Optional[list[dict[str, Any]]]:
-    """Copies of the cached rows of ``families`` when cached for exactly ``identity``."""
-    hit = _cache.get(path, identity, families)
-    return None if hit is None else [r for rows in hit.values() for r in rows]
-
-
-def _remember(path: str, identity: _Identity, families: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    """Cache ``rows`` as every row of ``families`` at ``identity``: replaces the path's entry
-    (rows of other families cached for the same identity are kept)."""
-    _cache.put(path, identity, {f: [r for r in rows if r["family"] == f] for f in families})
-
-
-def clear_cache(path: Optional[str] = None) -> None:
-    """Forget the cached rows of ``path`` (of every path by default). Never needed for
-    correctness (an entry is served only at its own table identity): frees memory, and lets
-    a test compare the cache with a fresh read."""
-    _cache.clear(path)
-
-
-def _as_read(t: Optional[datetime]) -> Optional[datetime]:
-    """``t`` as a Spark read of a TIMESTAMP column returns it (through Spark's internal
-    microseconds since the epoch, in the Python process's local time like a collect)."""
-    if t is None:
-        return None
-    ts = T.TimestampType()
-    return ts.fromInternal(ts.toInternal(t))
-
-
 def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["family"], r["version_no"]))
 
 
 def _rows(spark: SparkSession, path: str, family: Union[str, Sequence[str]]) -> list[dict[str, Any]]:
-    """The versions of one family (or of several), ordered by (family, version_no)."""
-    return _rows_at(spark, path, family)[0]
-
-
-def _rows_at(spark: SparkSession, path: str,
-             family: Union[str, Sequence[str]]) -> tuple[list[dict[str, Any]], Optional[_Identity]]:
-    """:func:`_rows` and the table identity they are known to be the rows of (None when
-    unknown: no log access, or the table changed during the read).
-
-    Served from the cache when it holds these families at the table's current identity;
-    otherwise one resolution of the table's Delta log and one Spark job: the table is loaded
-    directly (its absence is told apart from a damaged table only when the load fails) and the
-    few rows of these families are sorted here, not by a distributed sort (two more jobs)."""
+    """The versions of one family (or of several), ordered by (family, version_no): one Spark
+    job. The table is loaded directly (its absence is told apart from a damaged table only
+    when the load fails) and the few rows of these families are sorted here, not by a
+    distributed sort (two more jobs)."""
     families = [family] if isinstance(family, str) else list(family)
-    before = _identity(spark, path)
-    hit = _cached_rows(path, before, families)
-    if hit is not None:
-        return _sorted(hit), before
     for attempt in range(3):
         try:
             df = spark.read.format("delta").load(path)
@@ -255,53 +163,13 @@ def _rows_at(spark: SparkSession, path: str,
             break
         except Exception as exc:  # (Spark Connect loads lazily: a missing table fails the collect)
             if not _exists(spark, path):  # no table (yet); a damaged one raises there
-                return [], None
+                return []
             if attempt == 2 or _condition(exc) not in _NO_TABLE_CONDITIONS:
                 raise
             # "no table", and now there is one: another process's creation landed meanwhile
             # (seen with three runs creating the table at once): read again
             time.sleep(0.1 * (attempt + 1))
-    rows = _sorted(rows)
-    if before is None or _identity(spark, path) != before:
-        return rows, None  # a commit may have landed during the read: these rows are of no known version
-    _remember(path, before, families, rows)
-    return rows, before
-
-
-def _merged(rows: Sequence[dict[str, Any]], changes: Sequence[tuple]) -> tuple[list[dict[str, Any]], tuple[int, int]]:
-    """``rows`` after :func:`_merge` of ``changes`` exactly as its MERGE applies them (each
-    change matched against the rows before it), and (rows inserted, rows updated)."""
-    before = {(r["family"], r["version_no"]): r for r in rows}
-    after = {k: dict(r) for k, r in before.items()}
-    inserted = updated = 0
-    for family, no, release_id, op, expect_state, new_state, reason, principal, at in changes:
-        at = _as_read(at)
-        t = before.get((family, no))
-        if t is not None:
-            if op == "change" and t["state"] == expect_state:
-                after[(family, no)].update(state=new_state, reason=t["reason"] if reason is None else reason,
-                                           changed_by=principal, changed_at=at)
-                updated += 1
-        elif op == "insert":
-            current = new_state == "current"
-            after[(family, no)] = dict(
-                family=family, version_no=no, release_id=release_id, state=new_state, reason=None,
-                principal=principal, at=at, changed_by=None if current else principal,
-                changed_at=None if current else at)
-            inserted += 1
-    return _sorted(list(after.values())), (inserted, updated)
-
-
-def _remember_merge(spark: SparkSession, path: str, read_at: _Identity, families: Sequence[str],
-                    rows: Sequence[dict[str, Any]], changes: Sequence[tuple], metrics: tuple[int, int]) -> None:
-    """After a MERGE of ``changes`` into ``rows`` (every row of ``families`` at ``read_at``):
-    cache the post-state when the table is now exactly at ``read_at``'s next version (the MERGE
-    was the only commit since the read) and the MERGE's metrics are the expected ones."""
-    if _identity(spark, path) != (read_at[0], read_at[1] + 1):
-        return
-    post, counts = _merged(rows, changes)
-    if counts == metrics:
-        _remember(path, (read_at[0], read_at[1] + 1), families, post)
+    return _sorted(rows)
 
 
 def _check_invariant(rows: list[dict[str, Any]], family: str) -> None:
@@ -344,35 +212,10 @@ def _merge(spark: SparkSession, path: str, changes: list[tuple]) -> tuple[int, i
         """).first()
     finally:
         spark.catalog.dropTempView(view)
-        clear_cache(path)  # a commit (or maybe one): only a read or a proven post-state caches again
     try:
         return int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"])
     except (TypeError, KeyError, ValueError):
         return -1, -1  # no metrics from this Delta: callers re-read the table
-
-
-def _rewrite_family(spark: SparkSession, path: str, family: str, rows: Sequence[dict[str, Any]],
-                    read_at: _Identity, changes: list[tuple]) -> bool:
-    """Apply ``changes`` to ONE family by replacing its rows (``rows``: all of them, read at
-    ``read_at``) with their new state as :func:`_merge` would leave them, in one commit made
-    on exactly ``read_at`` that rewrites no other family's rows (``writer.replace_rows_if_unchanged``:
-    Delta's transaction, no MERGE: a few Spark jobs fewer). True when it committed (the new
-    state is then cached); False when that path does not apply (nothing written: the caller
-    MERGEs). A concurrent commit raises Delta's conflict error (retried by the caller)."""
-    from dp_spark.release.writer import replace_rows_if_unchanged
-
-    post, _counts = _merged(rows, changes)
-    post = [r for r in post if r["family"] == family]
-    df = spark.createDataFrame([tuple(r[f.name] for f in PUBLISHED_SCHEMA.fields) for r in post], PUBLISHED_SCHEMA)
-    try:
-        committed = replace_rows_if_unchanged(spark, path, df, identity=read_at, column="family", value=family)
-    finally:
-        clear_cache(path)  # a commit (or maybe one): only a read or a proven post-state caches again
-    if committed is None:
-        return False
-    if committed == read_at[1] + 1:
-        _remember(path, (read_at[0], committed), [family], post)
-    return True
 
 
 def _with_retries(fn: Callable[[], Any]) -> Any:
@@ -384,8 +227,7 @@ def _with_retries(fn: Callable[[], Any]) -> Any:
                 if _is_conflict(exc):
                     raise ReleaseConflictError("the versions table kept changing concurrently; retry later") from None
                 raise
-            # jittered: writers that conflicted together do not retry in lockstep (a version
-            # record through the transaction takes a fraction of a MERGE's time)
+            # jittered: writers that conflicted together do not retry in lockstep
             time.sleep(0.2 * (attempt + 1) * (0.5 + random.random()))
 
 
@@ -415,7 +257,7 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
     families = sorted({f for f, _ in items})
 
     def attempt() -> list[int]:
-        rows, read_at = _rows_at(spark, path, families)
+        rows = _rows(spark, path, families)
         by_family = {f: [r for r in rows if r["family"] == f] for f in families}
         for f in families:
             _check_invariant(by_family[f], f)
@@ -436,11 +278,6 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
                     principal, at) for (f, rid), no in inserts.items()]
         changes += [(f, int(r["version_no"]), r["release_id"], "change", "current", "superseded", None,
                      principal, at) for f in last_new for r in by_family[f] if r["state"] == "current"]
-        if len(families) == 1 and read_at is not None and _rewrite_family(
-                spark, path, families[0], rows, read_at, changes):
-            # one commit replaced the family's rows by their new state (computed from the rows
-            # read at ``read_at``, the version the commit was made on): cached, no check needed
-            return [known[i] if i in known else inserts[i] for i in items]
         inserted, updated = _merge(spark, path, changes)
         if (inserted, updated) != (len(inserts), len(changes) - len(inserts)):
             # not the expected effect (or no metrics): check the new state, retry if it moved
@@ -450,8 +287,6 @@ def record_publications(spark: SparkSession, path: str, items: Sequence[tuple[st
             mine = {(r["family"], r["release_id"]): int(r["version_no"]) for r in after}
             if any(mine.get(i) != no for i, no in inserts.items()):
                 raise _Conflict("version numbers taken concurrently")
-        elif read_at is not None:  # the expected effect: the statement reads the new state from the cache
-            _remember_merge(spark, path, read_at, families, rows, changes, (inserted, updated))
         # Serializable isolation: a concurrent change of these families fails this commit
         return [known[i] if i in known else inserts[i] for i in items]
 
@@ -506,16 +341,6 @@ def rollback(spark: SparkSession, path: str, family: str, principal: str, reason
         return c["release_id"], None if prev is None else prev["release_id"]
 
     return _with_retries(attempt)
-
-
-def table_version(spark: SparkSession, path: str) -> Optional[int]:
-    """The versions table's latest Delta version from its log (no Spark job), or None where that
-    is not available (Spark Connect, no table yet, any failure): callers then compare rows.
-
-    Every change of any version record is a new Delta version, so an unchanged version means
-    unchanged records: a cheap "did anyone version meanwhile?" for a statement writer."""
-    identity = _identity(spark, path)
-    return None if identity is None else identity[1]
 
 
 def current_release_id(spark: SparkSession, path: str, family: str) -> Optional[str]:

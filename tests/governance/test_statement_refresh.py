@@ -1,12 +1,12 @@
-"""The statement's "did anyone version meanwhile?" check (issue 15): by the versions table's
-Delta version instead of a second read of the rows, with the same guarantee -- the statement
-written last reflects every version committed before it."""
+"""The statement's "did anyone version meanwhile?" check: after writing, the family's versions
+are read again, and a statement built from rows that another run changed meanwhile is rebuilt,
+so the statement written last reflects every version committed before it."""
 
 from __future__ import annotations
 
 from dp_spark.governance import statement as st
 from dp_spark.governance import versions
-from dp_spark.governance.versions import record_publication, table_version
+from dp_spark.governance.versions import record_publication, record_publications
 
 
 def _build(spark, tmp_path, pub):
@@ -15,12 +15,9 @@ def _build(spark, tmp_path, pub):
         published_path=pub, out_dir=tmp_path, summaries=[])
 
 
-def test_statement_rebuilt_when_a_version_lands_meanwhile_and_read_once_otherwise(spark, tmp_path, monkeypatch):
+def test_statement_rebuilt_when_a_version_lands_meanwhile_and_built_once_otherwise(spark, tmp_path, monkeypatch):
     pub = str(tmp_path / "_published")
-    assert table_version(spark, pub) is None  # no table yet
     record_publication(spark, pub, "fam", "r1", "alice")
-    v1 = table_version(spark, pub)
-    assert v1 is not None and v1 >= 0
     built: list[list[str]] = []
     monkeypatch.setattr(st, "specs_for_family", lambda releases_dir, family: [])
     monkeypatch.setattr(st, "privacy_statement",
@@ -35,20 +32,24 @@ def test_statement_rebuilt_when_a_version_lands_meanwhile_and_read_once_otherwis
     monkeypatch.setattr(st, "write_statement", write)
     _build(spark, tmp_path, pub)
     assert built == [["r1"], ["r1", "r2"]], "the statement written last must list r2"
-    assert table_version(spark, pub) > v1
 
-    # nothing changes meanwhile: one build and ONE read of the rows (the version check is free)
+    # nothing changes meanwhile: one build, the rows read before it and once after it
     built.clear()
     reads: list[int] = []
     real = versions.history
     monkeypatch.setattr(versions, "history", lambda *a: reads.append(1) or real(*a))
     _build(spark, tmp_path, pub)
-    assert built == [["r1", "r2"]] and len(reads) == 1
+    assert built == [["r1", "r2"]] and len(reads) == 2
 
 
-def test_table_version_is_none_without_a_jvm_snapshot(spark, tmp_path, monkeypatch):
-    # where the log cannot be read directly (Spark Connect), callers compare rows as before
-    import dp_spark.release.writer as writer
-
-    monkeypatch.setattr(writer, "_fast_snapshot", lambda spark, path: None)
-    assert table_version(spark, str(tmp_path / "_published")) is None
+def test_the_statement_sees_a_change_made_outside_dp_spark(spark, tmp_path, monkeypatch):
+    pub = str(tmp_path / "_published")
+    monkeypatch.setattr(st, "specs_for_family", lambda releases_dir, family: [])
+    monkeypatch.setattr(st, "privacy_statement",
+                        lambda family, specs, ledger, summaries, rows, **kw: {"v": [(r["release_id"], r["state"])
+                                                                                   for r in rows]})
+    monkeypatch.setattr(st, "write_statement", lambda out_dir, d, force=False: (tmp_path / "s.json", tmp_path / "s.md"))
+    record_publications(spark, pub, [("fam", "r1"), ("aov", "a1"), ("fam", "r2")], "bob")
+    assert _build(spark, tmp_path, pub)[0]["v"] == [("r1", "superseded"), ("r2", "current")]
+    spark.sql(f"UPDATE delta.`{pub}` SET state = 'withdrawn' WHERE release_id = 'r2'")  # another writer
+    assert _build(spark, tmp_path, pub)[0]["v"] == [("r1", "superseded"), ("r2", "withdrawn")]

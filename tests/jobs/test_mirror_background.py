@@ -106,37 +106,32 @@ def test_one_shot_publish_and_the_exit_hook_wait_for_the_mirror(spark, warehouse
 
 
 def test_the_versions_warm_up_runs_beside_the_release_and_close_waits_for_it(spark, warehouse, monkeypatch):
-    """An official release of a batch that will version several families in one MERGE asks a
-    background task to reconstruct the versions table's Delta state while it aggregates
-    (``Engine._warm_versions``); publish never waits for it (the MERGE computes what it needs),
-    close() does. A release whose record is one family's (no MERGE) and exploration releases
+    """An official release asks a background task to resolve the versions table's Delta state
+    while it aggregates (``Engine._warm_versions``), for the version record's MERGE; publish
+    never waits for it (the MERGE computes what it needs), close() does. Exploration releases
     never ask for it."""
     entered, gate = threading.Event(), threading.Event()
     real = Engine._warm_versions
 
     def held(self):
         entered.set()
-        assert gate.wait(120)
+        assert gate.wait(600)  # (the second release and finish run meanwhile: minutes on a loaded machine)
         return real(self)
 
     monkeypatch.setattr(Engine, "_warm_versions", held)
     env = load_env(warehouse)
-    single = Engine(env, spark=spark, principal="publisher_bob")
-    result = single.publish(register(warehouse, "dau_daily"))
-    assert result.status == "published"
-    assert current_release_id(spark, published_path_for(env.output_root), result.family) == result.release_id
-    assert single.close(timeout=120) is True and single._warm_task.runs == 0
     try:
         eng = Engine(env, spark=spark, principal="publisher_bob", refresh="deferred")
         assert eng.publish(register(warehouse, "aov_by_region")).status == "published"
-        assert eng._warm_task.runs == 0 and not entered.is_set()  # one family so far
-        assert eng.publish(register(warehouse, "orders_by_day_region")).status == "published"
         assert entered.wait(60)
+        assert eng.publish(register(warehouse, "orders_by_day_region")).status == "published"
         eng.finish()  # the MERGE of both families' records does not wait for the warm-up
         assert eng.close(timeout=0.2) is False and eng._warm_task.runs == 0
     finally:
         gate.set()
-    assert eng.close(timeout=120) is True and eng._warm_task.runs == 1
+    assert eng.close(timeout=120) is True and eng._warm_task.runs >= 1
+    pub = published_path_for(env.output_root)
+    assert current_release_id(spark, pub, "aov_by_region") is not None
     explore = Engine(env, spark=spark, principal="analyst_alice", mode="exploration", refresh="deferred")
     explore.publish(register(warehouse, "aov_by_region"))
     assert explore.publish(register(warehouse, "dau_daily")).status == "published"
