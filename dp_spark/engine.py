@@ -221,13 +221,13 @@ class Engine:
     def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
                  principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
                  mode: str = "official", access=None, refresh: str = "each"):
-        """``refresh``: when the version records (``_published``) and the privacy statements
-        are updated: ``"each"`` after every release (default), or ``"deferred"``: once, when
-        :meth:`finish` is called (a job publishing several releases calls it at the end: one
-        versions commit for all of them). The SQL ledger and the release tables are always
-        written before ``publish`` returns. The ledger's Delta mirror is refreshed in a
-        background thread after each release (``"each"``) or from :meth:`finish`; call
-        :meth:`close` (or use ``with Engine(...) as engine:``) to wait for it, and close the
+        """``refresh``: when the version records (rows of the SQL ledger) and the privacy
+        statements are updated: ``"each"`` after every release (default), or ``"deferred"``:
+        once, when :meth:`finish` is called (a job publishing several releases calls it at the
+        end: one ledger transaction for all of them). The ledger's charges and the release
+        tables are always written before ``publish`` returns. The Delta tables derived from the
+        ledger (its mirror, ``_published``) are refreshed in a background thread after each
+        release (``"each"``) or from :meth:`finish`; call :meth:`close` (or use ``with Engine(...) as engine:``) to wait for it, and close the
         engine before closing a ``ledger`` you passed in."""
         if mode not in ("official", "exploration"):
             raise ConfigError("mode must be 'official' or 'exploration'")
@@ -241,8 +241,6 @@ class Engine:
         self._pending_mirror = False
         # the ledger's Delta mirror is refreshed off the release's critical path (see close())
         self._mirror_task = Coalescing(self._refresh_mirror, name="dp_spark-mirror")
-        # the versions table's Delta state, reconstructed while a release aggregates (publish)
-        self._warm_task = Coalescing(self._warm_versions, name="dp_spark-versions-warm")
         self._pending_versions: list[tuple[str, str]] = []  # (family, release id), in order
         self.env = env
         self.policies = load_policies(env.policies)
@@ -276,10 +274,7 @@ class Engine:
         it exits, and so does the interpreter's exit (``atexit``) for engines not closed.
         The mirror is derived data: the SQL ledger is the authority, and a refresh that never
         ran (the process died) is caught up by the next one or ``budget rebuild-mirror``."""
-        if timeout is None:
-            return self._warm_task.wait() and self._mirror_task.wait()
-        deadline = time.monotonic() + timeout
-        return self._warm_task.wait(timeout) and self._mirror_task.wait(max(0.0, deadline - time.monotonic()))
+        return self._mirror_task.wait() if timeout is None else self._mirror_task.wait(timeout)
 
     def __enter__(self) -> "Engine":
         return self
@@ -346,7 +341,7 @@ class Engine:
 
     def finish(self) -> None:
         """Complete what ``refresh="deferred"`` postponed: the version records of the official
-        releases published since the last call (ONE commit for all of them) and one privacy
+        releases published since the last call (ONE ledger transaction for all of them) and one privacy
         statement per family; and start the ledger mirror's refresh in the background
         (:meth:`close` waits for it)."""
         from dp_spark.governance import after_official_releases
@@ -364,17 +359,10 @@ class Engine:
             if mirror:
                 self._mirror_task.request()
 
-    def _warm_versions(self) -> None:
-        """Resolve the versions table's Delta state (its files) ahead of the version record's
-        MERGE, which otherwise pays for it (a few small Spark jobs) on the release's critical
-        path; the MERGE reuses it when no commit landed in between (if it starts first, Delta
-        computes the state once for both). Never raises."""
-        from dp_spark.governance.versions import published_path_for
-        from dp_spark.release.writer import warm_tables
-
-        warm_tables(self.spark, (published_path_for(self.env.output_root),))
-
     def _refresh_mirror(self) -> None:
+        """Refresh the Delta tables derived from the SQL ledger: its mirror and (official) the
+        ``_published`` copy of the version record. Never raises: the ledger is the authority,
+        and a refresh that fails or never runs is caught up by the next one."""
         try:
             from dp_spark.ledger.mirror import mirror_to_delta
 
@@ -382,6 +370,14 @@ class Engine:
                             audit_path=self.env.audit_mirror)
         except Exception as exc:  # the SQL ledger is the authority; the mirror can be refreshed later
             log.warning("ledger mirror refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
+        if self.mode != "official":
+            return
+        try:
+            from dp_spark.governance.versions import published_path_for, refresh_published
+
+            refresh_published(self.ledger, self.spark, published_path_for(self.env.output_root))
+        except Exception as exc:
+            log.warning("_published refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
 
     def _result(self, spec, release_id, path, status, rows, *, charge=None, note="") -> ReleaseResult:
         return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,
@@ -575,14 +571,10 @@ class Engine:
         _PROGRESS.reserved = release_id  # from here on a failure's text is withheld (publish)
 
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
-        # driver resolves the release table's Delta state, where the write below looks its key
-        # up, and (official) a background task the versions table's, for the version record's
-        # MERGE (publish does not wait for it; close() does).
+        # driver resolves the release table's Delta state, where the write below looks its key up
         from dp_spark.aggregations.query import collect_query_partials
         from dp_spark.release.writer import prepare_release_write
 
-        if self.mode == "official":
-            self._warm_task.request()
         prepare = alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
         from dp_spark.aggregations.query import total_where
 
@@ -638,7 +630,7 @@ class Engine:
 
     def _version(self, spec: ReleaseSpec, release_id: str) -> None:
         """Official releases: make this the family's current version and regenerate its
-        statement, now (``refresh="each"``) or in :meth:`finish` (``"deferred"``: one commit
+        statement, now (``refresh="each"``) or in :meth:`finish` (``"deferred"``: one transaction
         for the whole batch; a crash before it leaves committed releases unversioned, and their
         rerun, a cache hit, versions them)."""
         if self.mode != "official":

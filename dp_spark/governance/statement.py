@@ -310,7 +310,7 @@ def privacy_statement(
     with ``entries(budget_id)``, ``status(budget_id)`` and ideally ``get_policy(budget_id)``
     (else pass ``policies``: budget id -> BudgetPolicy). ``releases``: the family's official
     release-table rows, or their summaries (:func:`summarise_release_rows`). ``published``:
-    the family's rows of the versions table. ``now`` (default: the ledger's clock) and
+    the family's versions (the ledger's record, :func:`versions.history`). ``now`` (default: the ledger's clock) and
     ``lease_seconds`` decide which unversioned releases are still *pending* (see the module
     docstring).
     """
@@ -776,10 +776,10 @@ def load_release_summaries(spark, *, family: str, releases_path: str) -> list[di
     family's rows."""
     from pyspark.sql import functions as F
 
-    from dp_spark.governance.versions import _exists
+    from dp_spark.release.writer import latest_commit
 
     summaries: list[dict[str, Any]] = []
-    if _exists(spark, releases_path):
+    if latest_commit(spark, releases_path) is not None:  # a Delta table is there
         df = spark.read.format("delta").load(releases_path).where(
             (F.col("release_family") == family) & (F.col("mode") == "official"))
         firsts = ["release_family", "release_name", "spec_version", "mode", "statement_epsilon", "statement_delta",
@@ -802,7 +802,7 @@ REBUILDS = 5
 
 
 def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: str | os.PathLike,
-                              releases_path: str, published_path: str, out_dir: str | os.PathLike,
+                              releases_path: str, out_dir: str | os.PathLike,
                               force: bool = False, now: Optional[datetime] = None,
                               summaries: Optional[list[dict[str, Any]]] = None,
                               lease_seconds: Optional[float] = None) -> tuple[dict[str, Any], Path, Path]:
@@ -821,13 +821,13 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
     from dp_spark.governance.versions import history
 
     specs = specs_for_family(releases_dir, family)
-    pub = history(spark, published_path, family)
+    pub = history(ledger, family)
     for attempt in range(REBUILDS):
         if summaries is None:
             summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
         d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)
         j, m = write_statement(out_dir, d, force=force)
-        again = history(spark, published_path, family)
+        again = history(ledger, family)
         if again == pub:
             break
         # another run versioned meanwhile: rebuild from the new state

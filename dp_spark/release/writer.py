@@ -11,7 +11,7 @@ rare paths where the ledger cannot tell, by reading the cells back (:func:`same_
 
 Delta is used through its public API only: the DataFrame reader and writer (with Delta's
 ``txnAppId``/``txnVersion`` and ``versionAsOf`` options) and SQL (``DESCRIBE DETAIL``,
-``DESCRIBE HISTORY``, ``ALTER TABLE``, ``CREATE TABLE``, ``MERGE``). Nothing reaches Delta's JVM
+``DESCRIBE HISTORY``, ``ALTER TABLE``, ``CREATE TABLE``). Nothing reaches Delta's JVM
 classes, so the same code runs on a classic session, on Spark Connect and on a Databricks
 Runtime (whose Delta classes are not the open-source ones).
 """
@@ -112,7 +112,7 @@ def prepare_release_write(spark: SparkSession, path: str) -> None:
 
 def warm_tables(spark: SparkSession, paths) -> None:
     """:func:`prepare_release_write` for several tables (any commit to them, an idempotent
-    append or a MERGE, then starts from the computed state). Never raises."""
+    append or an overwrite, then starts from the computed state). Never raises."""
     for p in paths:
         try:
             spark.sql(f"DESCRIBE DETAIL {_sql_ref(p)}").collect()

@@ -4,12 +4,13 @@ A real process (tests/jobs/kill_driver.py, its own JVM) publishes ``dau_daily`` 
 with SIGKILL, with its whole process group (the Python driver, its JVM, its Python workers),
 at one stage: after the reservation, in the aggregation, inside the release write's Spark job
 (Delta's transaction open), after the write before the ledger commit, after the ledger commit
-before the version record, and during the derived tables' refresh (the ledger mirror). Then
+before the version record, and during the derived tables' refresh (the ledger mirror and
+``_published``, in the background). Then
 this process reruns the same spec on the same input once the 2 s lease has expired. Whatever
 the stage: the rerun succeeds; the ledger holds one entry for the release, committed, and the
 budget was charged once; the release table holds each cell of the release once; the family's
-current version is the release, versioned once; and once the rerun's engine is closed the
-ledger mirror equals the ledger.
+current version (in the ledger) is the release, versioned once; and once the rerun's engine is
+closed the derived Delta tables (the ledger mirror, ``_published``) equal the ledger.
 """
 
 from __future__ import annotations
@@ -83,15 +84,17 @@ def check_one_release(spark, env, result, *, charge=ZCDP("0.25")):
         assert [(e.release_id, e.state) for e in entries] == [(result.release_id, "committed")]
         assert ledger.status("demo_events_user").spent == charge
         ledger_rows = {(e.release_id, e.state) for e in entries}
+        assert current_release_id(ledger, result.family) == result.release_id
+        assert [v["release_id"] for v in history(ledger, result.family)] == [result.release_id]  # versioned once
     table = spark.read.format("delta").load(result.table_path)
     cells = [(r["release_id"], r["statistic"], r["key"]) for r in table.collect()]
     assert len(cells) == len(set(cells)) == len(result.rows) > 0
     assert {c[0] for c in cells} == {result.release_id}
     stored = sorted((r["statistic"], r["key"], r["value"]) for r in table.collect())
     assert stored == sorted((r["statistic"], r["key"], r["value"]) for r in result.rows)
-    pub = published_path_for(env.output_root)
-    assert current_release_id(spark, pub, result.family) == result.release_id
-    assert [v["release_id"] for v in history(spark, pub, result.family)] == [result.release_id]
+    published = [(r["family"], r["release_id"], r["state"])
+                 for r in spark.read.format("delta").load(published_path_for(env.output_root)).collect()]
+    assert published == [(result.family, result.release_id, "current")]  # the derived copy caught up
     mirrored = {(r["release_id"], r["state"]) for r in spark.read.format("delta").load(env.ledger_mirror).collect()}
     assert mirrored == ledger_rows
 
