@@ -35,9 +35,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Iterable, Optional
 
-from dp_spark.budget import ApproxDP, Budget, MEASURES, ZCDP, to_fraction
+from dp_spark.budget import ApproxDP, Budget, MEASURES, PureDP, ZCDP, to_fraction
 from dp_spark.errors import BudgetExceededError, ConfigError, InvalidBudgetError, MeasureMismatchError
-from dp_spark.events import ComposedEvent, Event, GAUSSIAN, LAPLACE, NoiseEvent
+from dp_spark.events import ComposedEvent, Event, LAPLACE, NoiseEvent
 
 __all__ = ["Accountant", "PrivacyFilter", "DeltaCapExceededError", "budget_exceeded"]
 
@@ -113,12 +113,12 @@ class Accountant:
                     "a discrete_gaussian event has no pure-DP cost; use a zcdp budget")
             return natural
         if self.measure == "zcdp":
-            if event.mechanism == LAPLACE:
+            if isinstance(natural, PureDP):  # a Laplace event
                 eps = natural.epsilon
                 return ZCDP(eps * eps / 2, natural.delta)
             return natural
         # approx_dp
-        if event.mechanism == GAUSSIAN:
+        if not isinstance(natural, PureDP):  # a Gaussian event
             raise MeasureMismatchError(
                 "Gaussian releases are accounted in zCDP; an approx_dp budget takes Laplace events only")
         return ApproxDP(natural.epsilon, natural.delta)
@@ -173,10 +173,11 @@ class Accountant:
         self._own(total, "total")
         out: dict[str, Any] = {"measure": self.measure}
         spent_delta = total.delta_part
-        if self.measure == "pure_dp":
+        # _own made type(total) this accountant's budget type, so the measure names the class
+        if isinstance(total, PureDP):
             out.update(epsilon=float(total.epsilon), delta=float(spent_delta),
                        epsilon_exact=str(total.epsilon), delta_exact=str(spent_delta))
-        elif self.measure == "approx_dp":
+        elif isinstance(total, ApproxDP):
             out.update(epsilon=float(total.epsilon), delta=float(total.delta),
                        epsilon_exact=str(total.epsilon), delta_exact=str(total.delta))
         else:

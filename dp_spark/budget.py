@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Rational
-from typing import Any, ClassVar, Union
+from typing import Any, Callable, ClassVar, Self, Union
 
 from dp_spark.errors import InvalidBudgetError, MeasureMismatchError
 
@@ -91,15 +91,15 @@ class _Budget:
     def _values(self) -> tuple[Fraction, ...]:
         return tuple(getattr(self, f) for f in self.FIELDS)
 
-    def __add__(self, other: "_Budget") -> "_Budget":
+    def __add__(self, other: "_Budget") -> Self:
         self._same(other)
         return self._build(*(a + b for a, b in zip(self._values(), other._values())))
 
-    def __sub__(self, other: "_Budget") -> "_Budget":
+    def __sub__(self, other: "_Budget") -> Self:
         self._same(other)
         return self._build(*(max(a - b, Fraction(0)) for a, b in zip(self._values(), other._values())))
 
-    def __mul__(self, k: int) -> "_Budget":
+    def __mul__(self, k: int) -> Self:
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidBudgetError("a budget can only be multiplied by a non-negative integer")
         return self._build(*(v * k for v in self._values()))
@@ -121,14 +121,14 @@ class _Budget:
         return all(v == 0 for v in self._values())
 
     @classmethod
-    def _build(cls, *values: Fraction) -> "_Budget":
+    def _build(cls, *values: Fraction) -> Self:
         obj = object.__new__(cls)
         for f, v in zip(cls.FIELDS, values):
             object.__setattr__(obj, f, Fraction(v))
         return obj
 
     @classmethod
-    def zero(cls) -> "_Budget":
+    def zero(cls) -> Self:
         return cls._build(*(Fraction(0) for _ in cls.FIELDS))
 
     # --- serialisation ----------------------------------------------------------------
@@ -220,7 +220,7 @@ class ApproxDP(_Budget):
 
 
 Budget = Union[PureDP, ZCDP, ApproxDP]
-MEASURES: dict[str, type] = {c.MEASURE: c for c in (PureDP, ZCDP, ApproxDP)}
+MEASURES: dict[str, type[Budget]] = {c.MEASURE: c for c in (PureDP, ZCDP, ApproxDP)}
 
 
 def budget_from_json(data: dict[str, Any]) -> Budget:
@@ -262,4 +262,7 @@ def parse_budget(measure: str, **values: Number) -> Budget:
         raise InvalidBudgetError(
             f"measure {measure!r} takes fields {list(cls.FIELDS)}; missing {missing}, unexpected {extra}"
         )
-    return cls(**values)
+    # the fields are declared as Fractions (what they hold once built); the constructors take
+    # any Number and convert it with to_fraction in __post_init__
+    build: Callable[..., Budget] = cls
+    return build(**values)

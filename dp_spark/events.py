@@ -145,7 +145,11 @@ class NoiseEvent:
     def natural_cost(self) -> Union[PureDP, ZCDP]:
         """The privacy loss in the mechanism's own measure (exact)."""
         if self.mechanism == LAPLACE:
+            if self.sensitivity is None:  # __post_init__ refuses it; a None here is a bug
+                raise InvalidEventError("a discrete_laplace event takes 'sensitivity' (L1)")
             return PureDP(self.sensitivity / self.scale, self.delta)
+        if self.l2_squared is None:  # __post_init__ refuses it; a None here is a bug
+            raise InvalidEventError("a discrete_gaussian event takes 'l2_squared'")
         return ZCDP(self.l2_squared / (2 * self.scale * self.scale))
 
 
@@ -230,10 +234,13 @@ def event_from_json(d: Any) -> Event:
         if unknown or missing:
             raise InvalidEventError(
                 f"noise event fields: unknown {sorted(unknown)}, missing {sorted(missing)}")
+        scale = _frac_from_json(d["scale"], "scale")
+        if scale is None:  # the refusal NoiseEvent itself gives a null scale
+            raise InvalidEventError("event field 'scale' must be an exact rational")
         return NoiseEvent(
             mechanism=d["mechanism"],
             statistic=d["statistic"],
-            scale=_frac_from_json(d["scale"], "scale"),
+            scale=scale,
             sensitivity=_frac_from_json(d.get("sensitivity"), "sensitivity"),
             l2_squared=_frac_from_json(d.get("l2_squared"), "l2_squared"),
             cells=d["cells"],

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
 from numbers import Integral
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 from dp_spark.budget import to_fraction
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError, UnknownRelationError
@@ -77,7 +77,10 @@ class Aggregate(str, Enum):
     NORMALISED_SUM = "normalised_sum"
 
 
-def _as_enum(enum_cls: type, value: Any, what: str):
+_E = TypeVar("_E", bound=Enum)
+
+
+def _as_enum(enum_cls: type[_E], value: Any, what: str) -> _E:
     if isinstance(value, enum_cls):
         return value
     try:
@@ -198,26 +201,29 @@ class ContributionBounds:
         return self.lower is not None
 
     @property
+    def clamp(self) -> tuple[Fraction, Fraction]:
+        """(L, U); InvalidBoundsError when the bounds have no clamp (a count's bounds)."""
+        if self.lower is None or self.upper is None:
+            raise InvalidBoundsError("a sum or mean needs lower and upper clamp bounds")
+        return self.lower, self.upper
+
+    @property
     def magnitude(self) -> Fraction:
         """M = max(|L|, |U|): the largest magnitude of one clamped value."""
-        self._need_values()
-        return max(abs(self.lower), abs(self.upper))
+        lower, upper = self.clamp
+        return max(abs(lower), abs(upper))
 
     @property
     def midpoint(self) -> Fraction:
         """(L + U) / 2: the centre used by the normalised sum."""
-        self._need_values()
-        return (self.lower + self.upper) / 2
+        lower, upper = self.clamp
+        return (lower + upper) / 2
 
     @property
     def half_width(self) -> Fraction:
         """W = (U - L) / 2: the largest magnitude of one centred value."""
-        self._need_values()
-        return (self.upper - self.lower) / 2
-
-    def _need_values(self) -> None:
-        if self.lower is None:
-            raise InvalidBoundsError("a sum or mean needs lower and upper clamp bounds")
+        lower, upper = self.clamp
+        return (upper - lower) / 2
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -315,13 +321,15 @@ def sensitivity(aggregate: Union[Aggregate, str], bounds: ContributionBounds,
     if valued and not bounds.has_values:
         raise InvalidBoundsError(f"aggregate {agg.value!r} needs lower and upper clamp bounds")
 
+    # the clamp range of one value: None exactly when the aggregate is not valued
+    value_range: Optional[tuple[Fraction, Fraction]]
     if agg is Aggregate.SUM:
-        lo, hi = bounds.lower, bounds.upper
+        value_range = bounds.clamp
     elif agg is Aggregate.NORMALISED_SUM:
-        lo, hi = -bounds.half_width, bounds.half_width
+        value_range = -bounds.half_width, bounds.half_width
     else:
-        lo = hi = None
-    mag = max(abs(lo), abs(hi)) if valued else Fraction(1)
+        value_range = None
+    mag = Fraction(1) if value_range is None else max(abs(value_range[0]), abs(value_range[1]))
 
     if rel is Neighbouring.EVENT:
         # One event (one row, one event id) in or out. The engine enforces it by keeping
@@ -353,11 +361,12 @@ def sensitivity(aggregate: Union[Aggregate, str], bounds: ContributionBounds,
         return Sensitivity(per, l1, l2sq)
 
     # REPLACE_UNIT: the change is c(new) - c(old), two contributions of one bounded unit.
-    if not valued:
+    if value_range is None:
         # Non-negative count vectors: |a_p - b_p| <= max(a_p, b_p) <= Linf' per cell;
         # ||a - b||_1 <= ||a||_1 + ||b||_1; ||a - b||_2^2 <= ||a||^2 + ||b||^2 as a.b >= 0.
         return Sensitivity(per, 2 * l1, 2 * l2sq)
     # Signed values: one cell ranges over [Linf' min(L,0), Linf' max(U,0)]; the vector
     # change obeys the triangle inequality, so ||a - b||_2^2 <= (2 ||a||_2)^2.
+    lo, hi = value_range
     per_replace = linf * (max(hi, Fraction(0)) - min(lo, Fraction(0)))
     return Sensitivity(per_replace, 2 * l1, 4 * l2sq)

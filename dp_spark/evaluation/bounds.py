@@ -77,7 +77,7 @@ import pandas as pd
 
 from dp_spark.budget import Budget, PureDP, ZCDP, to_fraction
 from dp_spark.config import ReleaseSpec, ValueSpec
-from dp_spark.errors import ConfigError, InvalidBoundsError
+from dp_spark.errors import ConfigError, InvalidBoundsError, MeasureMismatchError
 from dp_spark.units import ContributionBounds, Neighbouring
 
 __all__ = [
@@ -92,6 +92,13 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Re-bounding a spec (public parameters only)
 # --------------------------------------------------------------------------------------
+def _value_of(spec: ReleaseSpec) -> ValueSpec:
+    """The value column of a sum or mean spec (the config gives every one; None is a bug)."""
+    if spec.value is None:
+        raise ConfigError(f"metric '{spec.metric}' has no value column")
+    return spec.value
+
+
 def rebound_spec(spec: ReleaseSpec, *, max_rows_per_unit: Optional[int] = None,
                  lower: Any = None, upper: Any = None) -> ReleaseSpec:
     """``spec`` with another K and/or clamp [L, U], re-validated and grid-aligned like a YAML
@@ -179,7 +186,7 @@ def bias_variance_table(spec: ReleaseSpec, per_unit_values: Iterable[Sequence[fl
         uppers = [None]
     else:
         truth = float(all_vals.sum()) if spec.metric == "sum" else float(all_vals.mean())
-        uppers = list(uppers) if uppers is not None else [spec.value.declared_upper]
+        uppers = list(uppers) if uppers is not None else [_value_of(spec).declared_upper]
     records = []
     for k in ks:
         kk = int(k)
@@ -192,7 +199,7 @@ def bias_variance_table(spec: ReleaseSpec, per_unit_values: Iterable[Sequence[fl
             if spec.metric == "count":
                 expected, sampling, noise_var, u_out = kept_n, 0.0, noise["count"], None
             else:
-                lo_b, hi_b = float(s.value.lower), float(s.value.upper)
+                lo_b, hi_b = float(_value_of(s).lower), float(_value_of(s).upper)
                 e_sum = 0.0
                 samp = 0.0
                 for c, p, vals in zip(counts, keep, units):
@@ -200,7 +207,7 @@ def bias_variance_table(spec: ReleaseSpec, per_unit_values: Iterable[Sequence[fl
                     e_sum += p * float(cv.sum())
                     if c > kk:  # sampling K of c rows without replacement
                         samp += kk * (c - kk) / (c - 1) * float(cv.var())
-                u_out = float(s.value.upper)
+                u_out = float(_value_of(s).upper)
                 if spec.metric == "sum":
                     expected, sampling, noise_var = e_sum, samp, noise["sum"]
                 else:
@@ -305,11 +312,14 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     from dp_spark.mechanisms.samplers import default_source
     from dp_spark.units import as_relation
 
+    charge_to = ""  # the budget charged, set exactly when an engine is given
     if engine is None:
         require_test_mode("dp_quantile without engine= and budget_id= (a draw on data with no ledger charge)",
                           "pass engine=Engine(env, mode='exploration') and budget_id= so the choice is charged")
     elif not budget_id:
         raise ConfigError("dp_quantile(engine=...) needs the budget_id it charges")
+    else:
+        charge_to = budget_id
     if source is not None:
         require_test_mode(f"dp_quantile(source={type(source).__name__})", "omit source: the engine's is used")
 
@@ -333,8 +343,10 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     # data: each unit truncated to its first K values (a per-unit function), NaN/null dropped
     event = NoiseEvent("discrete_laplace", "dp_quantile", scale, sensitivity=Fraction(2 * delta), cells=1)
     cost = event.natural_cost()  # PureDP(eps), exact
+    if not isinstance(cost, PureDP):  # a discrete Laplace event is priced in pure DP
+        raise MeasureMismatchError("the quantile's report-noisy-max event needs a pure-DP cost")
     charge: Budget = cost if measure == "pure_dp" else ZCDP(cost.epsilon ** 2 / 2)
-    charged = None if engine is None else _reserve_quantile(engine, budget_id, charge, event)
+    charged = None if engine is None else _reserve_quantile(engine, charge_to, charge, event)
     if source is None and engine is not None:
         source = engine.source
 
@@ -345,10 +357,11 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     src = source or default_source()
     noise = src.discrete_laplace(scale, len(cands))
     noisy = [s + z for s, z in zip(scores, noise)]
-    best = max(range(len(cands)), key=lambda j: (noisy[j], -j))  # ties: lowest index
+    _, neg_best = max((v, -j) for j, v in enumerate(noisy))  # ties: lowest index
+    best = -neg_best
     del rows, below, scores, noisy  # nothing data-dependent leaves but the index
     if charged is not None:
-        _commit_quantile(engine, budget_id, charge, *charged)
+        _commit_quantile(engine, charge_to, charge, *charged)
     return DpQuantile(value=cands[best], index=best, quantile=q, epsilon=cost.epsilon, charge=charge,
                       event=event, candidates=tuple(cands), score_sensitivity=delta,
                       note="report noisy max, discrete Laplace(2*Delta/epsilon) on integer rank scores",

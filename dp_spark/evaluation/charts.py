@@ -403,24 +403,24 @@ def _explorer_axes(ax, rows: Sequence[Mapping[str, Any]], stat: str, *, target: 
     series: dict[int, list[tuple[float, float]]] = {}
     colors: dict[int, Any] = {}
     for i, n in enumerate(sizes):
-        pts = sorted((float(r["budget"]), float(r[column]), bool(r.get("clipped"))) for r in picked
-                     if int(r["group_size"]) == n)
-        pts = [(b, e, c) for b, e, c in pts if math.isfinite(e) and e > 0]
+        drawn = sorted((float(r["budget"]), float(r[column]), bool(r.get("clipped"))) for r in picked
+                       if int(r["group_size"]) == n)
+        drawn = [(b, e, c) for b, e, c in drawn if math.isfinite(e) and e > 0]
         colors[n] = f"C{i % 10}"  # by group size: the same colour in every panel
-        if pts:
-            ax.plot([b for b, _, _ in pts], [e for _, e, _ in pts], marker="o", color=colors[n],
+        if drawn:
+            ax.plot([b for b, _, _ in drawn], [e for _, e, _ in drawn], marker="o", color=colors[n],
                     label=f"group size {n:,}")
-            hollow = [(b, e) for b, e, c in pts if c]
+            hollow = [(b, e) for b, e, c in drawn if c]
             if hollow:  # the interval reached the statistic's range: it is cut there
                 ax.plot([b for b, _ in hollow], [e for _, e in hollow], marker="o", linestyle="none", color=colors[n],
                         markerfacecolor="white", markeredgecolor=colors[n], zorder=4)
-            series[n] = [(b, e) for b, e, _ in pts]
+            series[n] = [(b, e) for b, e, _ in drawn]
     if any(r.get("clipped") for r in picked):
         ax.plot([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor="0.3",
                 label="hollow: interval cut at the statistic's range")
-    use_target = target is not None and relative
-    if use_target:
-        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.1%}")
+    shown_target: list[float] = [target] if target is not None and relative else []
+    for t in shown_target:
+        ax.axhline(t, color="black", linestyle="--", linewidth=1, label=f"target {t:.1%}")
 
     # the configured charge: a vertical line and the error each group gets there
     def at(pts: list[tuple[float, float]], x: float) -> float:
@@ -445,22 +445,21 @@ def _explorer_axes(ax, rows: Sequence[Mapping[str, Any]], stat: str, *, target: 
     if relative:
         # groups too small for the interval to say anything
         where = configured if configured is not None else (budgets[-1] if budgets else None)
-        useless: list[tuple[int, float]] = []
+        useless: list[tuple[int, float, float]] = []  # (group size, error, the budget it is read at)
         for n, pts in series.items():
             x = min(max(where, pts[0][0]), pts[-1][0]) if where is not None else pts[-1][0]
             e = at(pts, x)
             if e >= USELESS_RELATIVE_ERROR:
-                useless.append((n, e))
-        ymax = max(values + ([target] if use_target else []) + ([] if series else [USELESS_RELATIVE_ERROR]))
-        ymin = min(values + ([target] if use_target else []) + [0.5])
+                useless.append((n, e, x))
+        ymax = max(values + shown_target + ([] if series else [USELESS_RELATIVE_ERROR]))
+        ymin = min(values + shown_target + [0.5])
         ax.set_ylim(ymin / 1.6, ymax * 1.6)
         if any(e >= USELESS_RELATIVE_ERROR for e in values):
             ax.axhspan(USELESS_RELATIVE_ERROR, ymax * 1.6, color="0.5", alpha=0.12, linewidth=0)
             ax.axhline(USELESS_RELATIVE_ERROR, color="0.4", linewidth=0.8)
-        at_what = (f"at the configured {budget_name} {_tick_label(where)}" if configured is not None
+        at_what = (f"at the configured {budget_name} {_tick_label(configured)}" if configured is not None
                    else f"even at {budget_name} {_tick_label(where)}" if where is not None else "")
-        for n, e in useless:
-            x = min(max(where, series[n][0][0]), series[n][-1][0])
+        for n, e, x in useless:
             # an interval cut at the statistic's range is no +- around the value: say "up to"
             nearest = min((r for r in picked if int(r["group_size"]) == n), key=lambda r: abs(float(r["budget"]) - x))
             err = f"up to {_pct(e)}" if nearest.get("clipped") else f"+-{_pct(e)}"

@@ -73,7 +73,7 @@ Number = Union[int, float, str, Fraction]
 # --------------------------------------------------------------------------------------
 # Budgets and plans
 # --------------------------------------------------------------------------------------
-def budget_of(spec: ReleaseSpec, value: Number) -> Budget:
+def budget_of(spec: ReleaseSpec, value: Number) -> Union[PureDP, ZCDP]:
     """A budget in the spec's measure: epsilon for pure_dp specs, rho for zcdp specs."""
     v = to_fraction(value, "budget")
     if isinstance(spec.charge, PureDP):
@@ -84,10 +84,14 @@ def budget_of(spec: ReleaseSpec, value: Number) -> Budget:
 
 
 def _budget_value(b: Budget) -> Fraction:
-    return b.epsilon if isinstance(b, PureDP) else b.rho
+    if isinstance(b, PureDP):
+        return b.epsilon
+    if isinstance(b, ZCDP):
+        return b.rho
+    raise ConfigError("the explorer handles pure_dp and zcdp release specs")
 
 
-def plan_at(spec: ReleaseSpec, budget: Number | Budget):
+def plan_at(spec: ReleaseSpec, budget: Number | PureDP | ZCDP):
     """The engine's plan of ``spec`` with its charge replaced by ``budget`` (no data read)."""
     from dp_spark.engine import plan_for
 
@@ -132,6 +136,8 @@ def _expected_component(comp, n: int, mean: Optional[Fraction]):
     (clamped and on the value grid, as the engine aggregates it): real units."""
     if comp.kind in ("rows", "units"):
         return Fraction(n)
+    if mean is None:  # _assumed_means gives every valued statistic one; None is a bug
+        raise ConfigError(f"component {comp.kind!r} needs an assumed mean")
     c = comp.clamp
     k = c.grid_exponent
     v = min(max(Fraction(mean), c.lower), c.upper)
@@ -153,6 +159,8 @@ def _true_value(stat, n: int, mean: Optional[Fraction]) -> float:
     if stat.kind in ("count", "distinct_units"):
         return float(n)
     if stat.kind == "sum":
+        if mean is None:  # _assumed_means gives every valued statistic one; None is a bug
+            raise ConfigError(f"statistic {stat.name!r} needs an assumed mean")
         return float(n * mean)
     if stat.kind in ("variance", "stddev"):
         return 0.0
@@ -244,7 +252,7 @@ def headline_statistic(spec: ReleaseSpec) -> str:
     return "mean" if spec.metric == "mean" else spec.statistics[0].name
 
 
-def _rel_halfwidth_at(spec: ReleaseSpec, budget: Budget, n: int, means: dict[str, Fraction],
+def _rel_halfwidth_at(spec: ReleaseSpec, budget: Union[PureDP, ZCDP], n: int, means: dict[str, Fraction],
                       alpha: Fraction, stat: str) -> float:
     rows = _rows_for(spec, plan_at(spec, budget), budget, n, means, alpha)
     return next(r["rel_halfwidth"] for r in rows if r["statistic"] == stat)
@@ -332,7 +340,11 @@ def _calibrated_budget(spec: ReleaseSpec, target_abs: Fraction, alpha: Fraction)
 
     agg = {"count": Aggregate.ROW_COUNT, "distinct_units": Aggregate.DISTINCT_UNITS,
            "sum": Aggregate.SUM}[spec.metric]
-    k = spec.value.grid_exponent if spec.metric == "sum" else 0
+    k = 0
+    if spec.metric == "sum":
+        if spec.value is None:  # the config gives every sum release its value column; None is a bug
+            raise ConfigError("a sum release needs a value column")
+        k = spec.value.grid_exponent
     sens = sensitivity(agg, spec.bounds, spec.neighbouring)
     confidence = 1 - alpha
     if isinstance(spec.charge, PureDP):

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from dp_spark.config import ReleaseSpec
+from dp_spark.statistics.base import Clamp
 from dp_spark.errors import ConfigError
 
 __all__ = [
@@ -77,7 +78,7 @@ NOT_PUBLISHABLE_NOTE = (
 EVALUATED_KINDS = ("count", "distinct_units", "sum", "mean")
 
 
-def _clamp_of(spec: ReleaseSpec):
+def _clamp_of(spec: ReleaseSpec) -> Optional[Clamp]:
     """The one value clamp of the spec's statistics (None without); refuses what the
     evaluation's partials cannot hold."""
     other = [s.name for s in spec.statistics if s.kind not in EVALUATED_KINDS]
@@ -111,10 +112,13 @@ def bounded_truth(spec: ReleaseSpec, partials: Mapping[str, Mapping[str, int]]) 
                 out[stat][key] = float(rows)
             elif kind == "distinct_units":
                 out[stat][key] = float(int(p["units"]))
-            elif kind == "sum":
-                out[stat][key] = float(int(p["sum_fixed"]) * unit)
             else:
-                out[stat][key] = float(int(p["sum_fixed"]) * unit / rows) if rows > 0 else None
+                if unit is None:  # parse_release gives every sum and mean a clamp; None is a bug
+                    raise ConfigError(f"statistic {stat!r} needs a clamp")
+                if kind == "sum":
+                    out[stat][key] = float(int(p["sum_fixed"]) * unit)
+                else:
+                    out[stat][key] = float(int(p["sum_fixed"]) * unit / rows) if rows > 0 else None
     return out
 
 
@@ -197,7 +201,7 @@ def synthetic_partials(spec: ReleaseSpec, cells: Mapping[str, Sequence[Sequence[
             units = [u for u in units if u]
         kept = [u[:keep] for u in units]
         p = {"rows": sum(len(u) for u in kept), "units": sum(1 for u in kept if u)}
-        raw = {"rows": sum(len(u) for u in units), "units": sum(1 for u in units if u)}
+        raw: dict[str, float] = {"rows": sum(len(u) for u in units), "units": sum(1 for u in units if u)}
         if clamp is not None:
             k = clamp.grid_exponent
             p["sum_fixed"] = sum(value_to_grid(v, b, k) for u in kept for v in u)

@@ -106,8 +106,9 @@ def min_group_size_from_dict(raw: Any, source: str = "<dict>", *, metric: Option
     if unknown:
         raise ConfigError(f"{source}: field 'min_group_size.{unknown[0]}': unknown field "
                           "(allowed: ['other_key', 'strategy', 'threshold'])")
+    threshold: Any = raw.get("threshold")  # unvalidated: MinGroupSize checks it
     try:
-        rule = MinGroupSize(threshold=raw.get("threshold"), strategy=raw.get("strategy", "suppress"),
+        rule = MinGroupSize(threshold=threshold, strategy=raw.get("strategy", "suppress"),
                             other_key=raw.get("other_key", OTHER_KEY))
     except ConfigError as exc:
         raise ConfigError(f"{source}: field 'min_group_size': {exc}") from None
@@ -309,11 +310,12 @@ def apply_min_group_size(
                 merged.append(_merge_additive(group, other_key, alpha, kind(stat) in ("count", "distinct_units"),
                                               usable))
             elif kind(stat) == "mean":
-                if extra_of(stat) is None:
+                mean_extra = extra_of(stat)
+                if mean_extra is None:
                     raise ConfigError("merge_other for a mean needs the noisy normalised sums (extra); "
                                       "use strategy 'suppress' otherwise")
                 counts = [count_of[k] for k in usable]
-                merged.append(_merge_mean(group, counts, other_key, alpha, extra_of(stat), usable))
+                merged.append(_merge_mean(group, counts, other_key, alpha, mean_extra, usable))
             else:
                 raise ConfigError(f"merge_other cannot combine statistic '{stat}'")
         other_count = next(c for c in merged if c["statistic"] == count_statistic)

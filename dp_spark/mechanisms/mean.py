@@ -79,7 +79,7 @@ def _noise_inputs(bounds: ContributionBounds, relation, mechanism: str) -> tuple
     return float(s.l2_squared), float(c.l2_squared), w2
 
 
-def _variances(f: np.ndarray, sens_s: float, sens_c: float, mechanism: str, total: float):
+def _variances(f: float, sens_s: float, sens_c: float, mechanism: str, total: float) -> tuple[float, float]:
     """Noise variances of the sum and the count for budget shares f and 1 - f."""
     if mechanism == LAPLACE:  # scale t = Delta_1 / epsilon_share, variance 2 t^2
         var_s = 2.0 * (sens_s / (f * total)) ** 2
@@ -165,10 +165,11 @@ def _deviations(bounds: ContributionBounds, assumed_mean) -> tuple[float, ...]:
     if assumed_mean is None:
         return _DEVIATIONS
     a = _exact(assumed_mean, "assumed_mean")
-    if not bounds.lower <= a <= bounds.upper:
+    lower, upper = bounds.clamp
+    if not lower <= a <= upper:
         raise ConfigError("assumed_mean must lie within [lower, upper]")
     w = bounds.half_width
-    d0 = 0.0 if w == 0 else abs(float((a - (bounds.lower + bounds.upper) / 2) / w))
+    d0 = 0.0 if w == 0 else abs(float((a - (lower + upper) / 2) / w))
     return (min(d0, 1.0),)
 
 

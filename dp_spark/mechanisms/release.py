@@ -75,7 +75,7 @@ class PlanMismatchError(DpSparkError):
 
 # --- the grid -----------------------------------------------------------------------------
 def _check_exponent(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, Integral) or k > 0:
+    if isinstance(k, bool) or not isinstance(k, Integral) or int(k) > 0:
         raise ConfigError("grid_exponent must be an integer <= 0")
     return int(k)
 
@@ -83,10 +83,9 @@ def _check_exponent(k) -> int:
 def grid_value_range(bounds: ContributionBounds, grid_exponent: int) -> tuple[int, int]:
     """(floor(L 2^-k), ceil(U 2^-k)): every clamped value, rounded to the grid, lies here."""
     k = _check_exponent(grid_exponent)
-    if not bounds.has_values:
-        raise InvalidBoundsError("a sum or mean needs lower and upper clamp bounds")
+    lower, upper = bounds.clamp  # InvalidBoundsError when there is no clamp
     step = Fraction(2) ** k
-    return math.floor(bounds.lower / step), math.ceil(bounds.upper / step)
+    return math.floor(lower / step), math.ceil(upper / step)
 
 
 def grid_midpoint(bounds: ContributionBounds, grid_exponent: int) -> int:
@@ -117,10 +116,11 @@ def value_to_grid(value, bounds: ContributionBounds, grid_exponent: int) -> int:
     null and NaN rows before any aggregate (see :func:`kept_values`).
     """
     lo, hi = grid_value_range(bounds, grid_exponent)
+    lower, upper = bounds.clamp
     if isinstance(value, float) and math.isinf(value):
-        v = bounds.upper if value > 0 else bounds.lower
+        v = upper if value > 0 else lower
     else:
-        v = min(max(_exact_value(value), bounds.lower), bounds.upper)
+        v = min(max(_exact_value(value), lower), upper)
     return min(max(grid.to_grid(v, grid_exponent), lo), hi)
 
 
@@ -320,10 +320,9 @@ def release_count(true_count: int, budget, bounds: ContributionBounds, relation,
 
 
 def _grid_exponent(bounds: ContributionBounds, grid_exponent) -> int:
-    if not bounds.has_values:
-        raise InvalidBoundsError("a sum or mean needs lower and upper clamp bounds")
+    lower, upper = bounds.clamp  # InvalidBoundsError when there is no clamp
     if grid_exponent is None:
-        return grid.grid_exponent_for(bounds.lower, bounds.upper)
+        return grid.grid_exponent_for(lower, upper)
     return _check_exponent(grid_exponent)
 
 

@@ -236,9 +236,9 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
             if low in _TYPE_NAMES:
                 raise _err(source, f"function '{low}' is a cast, which can fail on a row "
                            f"({REFUSED_HINTS['cast']})")
-            hint = REFUSED_HINTS.get(low)
+            refused_hint = REFUSED_HINTS.get(low)
             raise _err(source, f"function '{low}' is not allowed in a where"
-                       + (f" ({hint})" if hint else " (only total, deterministic, row-wise functions are: "
+                       + (f" ({refused_hint})" if refused_hint else " (only total, deterministic, row-wise functions are: "
                           "see docs/config.md, 'where')"))
         if prev == "." or low in _KEYWORDS:
             continue

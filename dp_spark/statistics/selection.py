@@ -203,7 +203,7 @@ def limit_keys(candidates: Iterable[tuple[int, tuple[str, ...]]], max_keys: Sequ
     count first (ties by the key), skipping a tuple that would make a column show more than its
     ``max_keys`` values, at most ``max_tuples`` in all. Post-processing of noisy counts only.
     Returned sorted by key (the noisy ranking is not published)."""
-    seen = [set() for _ in max_keys]
+    seen: list[set[str]] = [set() for _ in max_keys]
     kept: list[tuple[str, ...]] = []
     for _, key in sorted(candidates, key=lambda nk: (-nk[0], nk[1])):
         if len(kept) >= max_tuples:

@@ -536,7 +536,7 @@ def bound_contributions(
         return out.select(*[_col(c) for c in original])
     # Linf >= K: the K limit alone keeps the same rows (a unit's K first rows include at most
     # K of any cell), so the cell window is skipped (one sort less)
-    cell_limit = linf is not None and (k is None or linf < k)
+    cell_linf = linf if linf is not None and (k is None or linf < k) else None  # None: no cell window
     max_left = None
     if l0 is not None:
         part_prio = "__dp_part_prio"
@@ -549,16 +549,16 @@ def bound_contributions(
         out = out.withColumn("__dp_rank_part", F.dense_rank().over(w0)).where(
             F.col("__dp_rank_part") <= l0
         )
-        if cell_limit:
+        if cell_linf is not None:
             # partitioned by (unit, partition): hash partitioning by the unit satisfies it, so
             # this window shares the first one's shuffle
             w1 = Window.partitionBy(unit, part).orderBy(*row_order)
             # schema: + __dp_rank_cell: int; at most Linf rows per (unit, partition)
             out = out.withColumn("__dp_rank_cell", F.row_number().over(w1)).where(
-                F.col("__dp_rank_cell") <= linf
+                F.col("__dp_rank_cell") <= cell_linf
             )
-            max_left = l0 * linf
-    elif cell_limit:
+            max_left = l0 * cell_linf
+    elif cell_linf is not None:
         # No L0 (then K is given): a window partitioned by (unit, partition) at the bottom would
         # shuffle by both and the K window again by the unit. Instead, windows partitioned by
         # the unit alone, over ONE sort by (unit, partition, row priority, row): the row's rank
@@ -569,7 +569,7 @@ def bound_contributions(
         # schema: + __dp_row_in_unit: int, __dp_first_row: int; at most Linf rows per cell
         out = out.withColumn("__dp_row_in_unit", F.row_number().over(w_rows)).withColumn(
             "__dp_first_row", F.rank().over(w_part)
-        ).where(F.col("__dp_row_in_unit") - F.col("__dp_first_row") < linf)
+        ).where(F.col("__dp_row_in_unit") - F.col("__dp_first_row") < cell_linf)
     if k is not None and (max_left is None or k < max_left):
         w2 = Window.partitionBy(unit).orderBy(*row_order)
         # schema: + __dp_rank_unit: int; at most K rows per unit
