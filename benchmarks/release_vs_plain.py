@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/release_vs_plain.py [--rows 2000000[,20000000]] [--reps 3]
         [--layout time|user] [--case aov|multi|multi_day_region|general|tiny|drift] [--releases 50]
-        [--threads on|compare] [--warm on|compare]
+        [--threads on|compare]
 
 ``--rows`` (alias ``--sizes``): rows per dataset, comma separated; 2M by default, 20M opt-in
 (``--rows 2000000,20000000`` also prints the 20M/2M ratio).
@@ -42,9 +42,10 @@ event_id (a layout that flatters (a): its window sorts presorted input).
     would: bounding (a uniform bottom-K sample per user by a keyed hash priority, L0 = 1
     region per user), clamping, fixed-point partials, noise on the driver, ledger charge,
     the Delta write (an idempotent append keyed by the release id); then, printed beside it,
-(c) the same plus ``Engine.finish()`` (the version record ``_published`` and the privacy
-    statement) and ``Engine.close()`` (waiting for the ledger's Delta mirror, refreshed in the
-    background), i.e. the whole one-release job.
+(c) the same plus ``Engine.finish()`` (the version record, rows of the SQL ledger, and the
+    privacy statement) and ``Engine.close()`` (waiting for the Delta tables derived from the
+    ledger, its mirror and ``_published``, refreshed in the background), i.e. the whole
+    one-release job.
 
 ``--case multi``: ONE multi-statistic release (distinct users, orders, revenue and mean order
 value per region; K = 5 rows per user, clamp [0, 500], no L0 or Linf limit, so users count in
@@ -58,8 +59,7 @@ median of the per-repetition ratios b_i/a_i (each (b) run right after its (a): l
 this machine's drifts), the driver's peak RSS; then the 20M/2M time ratio. Targets (issue 15),
 on the WHOLE release (c), as a one-release job runs it: c/a <= 1.5 at 2M and <= 1.3 at 20M
 (ratio of the medians), 20M/2M <= 10, flat driver memory. ``--threads compare`` adds a run of
-(c) with dp_spark's background threads off per repetition; ``--warm compare`` a run of (c)
-without warming the versions table while the release aggregates (class ``Warm``).
+(c) with dp_spark's background threads off per repetition.
 """
 
 from __future__ import annotations
@@ -152,20 +152,6 @@ class Threads:
             m.alongside = one_after_the_other if on else self._real
 
 
-class Warm:
-    """``--warm compare``: switch off the warming of the versions table while a release
-    aggregates (``Engine._warm_versions``, a background task of ``Engine.publish``); the
-    version record's MERGE then reconstructs the table state itself."""
-
-    def __init__(self):
-        from dp_spark.engine import Engine
-
-        self._engine, self._warm = Engine, Engine._warm_versions
-
-    def off(self, off: bool) -> None:
-        self._engine._warm_versions = (lambda engine: None) if off else self._warm
-
-
 RETURNED = "= publish + finish returned"
 
 
@@ -208,9 +194,9 @@ class Stages:
         wrap(writer, "ensure_release_table", "release table check")
         wrap(writer, "write_release", "Delta write (release)")
         wrap(writer, "prepare_release_write", "prepare write keys (thread, overlaps aggregation)")
-        wrap(versions, "record_publications", "finish: versions (_published)")
+        wrap(versions, "record_publications", "finish: versions (ledger)")
         wrap(gov, "_refresh_statement", "finish: privacy statement")
-        wrap(Engine, "_refresh_mirror", "ledger mirror (background thread)")
+        wrap(Engine, "_refresh_mirror", "mirror + _published (background thread)")
         stages = self
 
         class Handler(logging.Handler):
@@ -253,9 +239,6 @@ def main() -> int:
                     help="row order of the input table (see the module docstring)")
     ap.add_argument("--threads", choices=("on", "compare"), default="on",
                     help="--case tiny: 'compare' alternates repetitions with the background threads on and off")
-    ap.add_argument("--warm", choices=("on", "compare"), default="on",
-                    help="'compare': tiny alternates repetitions with and without warming the versions table "
-                         "during the aggregation; other cases add a run of (c) per repetition without it")
     ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift"),
                     default="aov", help="the release measured (see the module docstring)")
     args = ap.parse_args()
@@ -390,18 +373,6 @@ def main() -> int:
                       f"one run before what it overlapped) median {off:.2f}s: OFF/ON = {off / on:.2f}  "
                       f"(alternating, {len(by_mode[True])} runs each)")
                 continue
-            if args.warm == "compare":
-                warm, by_mode = Warm(), {True: [], False: []}
-                for i in range(2 * max(args.reps, 5)):
-                    off = i % 2 == 1
-                    warm.off(off)
-                    dp(i, full=True)
-                    by_mode[off].append(stages.runs[-1][RETURNED])
-                warm.off(False)
-                on, off = statistics.median(by_mode[False]), statistics.median(by_mode[True])
-                print(f"case=tiny rows={n:,}: publish + finish, versions table warmed median {on:.2f}s, NOT warmed "
-                      f"median {off:.2f}s: NOT/warmed = {off / on:.2f}  (alternating, {len(by_mode[True])} runs each)")
-                continue
             for i in range(max(args.reps, 5)):
                 t0 = time.monotonic(); dp(i, full=True); tt.append(time.monotonic() - t0)
             med = statistics.median(tt)
@@ -454,9 +425,8 @@ def main() -> int:
         plain()  # warm-up both paths once (JIT, Delta log cache)
         dp(-1, full=True)
         stages.runs.clear()
-        ta, tb, tc, td, te = [], [], [], [], []
+        ta, tb, tc, td = [], [], [], []
         threads = Threads() if args.threads == "compare" else None
-        warm = Warm() if args.warm == "compare" else None
 
         def without(switch, i, times):
             """(c) again with one mechanism switched off (``switch(True)``), not in the stages."""
@@ -475,8 +445,6 @@ def main() -> int:
             t0 = time.monotonic(); dp(100 + i, full=True); tc.append(time.monotonic() - t0)
             if threads is not None:  # (c) again with the background threads off
                 without(threads.serial, 200 + i, td)
-            if warm is not None:  # (c) again without warming the versions table
-                without(warm.off, 300 + i, te)
         a, b, c = statistics.median(ta), statistics.median(tb), statistics.median(tc)
         results[n] = (a, c)
         print(f"case={args.case} rows={n:,} users={users:,} layout={args.layout}: (a) plain {a:.2f}s  (b) dp_spark publish "
@@ -487,11 +455,6 @@ def main() -> int:
         if td:
             d = statistics.median(td)
             print(f"  background threads OFF: publish + finish {d:.2f}s = {d / c:.2f} x (c) with them ON", flush=True)
-        if te:
-            e = statistics.median(te)
-            print(f"  versions table NOT warmed during the aggregation: whole release {e:.2f}s = "
-                  f"{e / c:.2f} x (c) warmed; paired median e_i/a_i={statistics.median(x / y for x, y in zip(te, ta)):.2f}",
-                  flush=True)
         stages.runs = stages.runs[1::2]  # the (c) runs: publish + finish
         stages.report(f"(c) at {n:,} rows")
         print("  " + mem.peak(), flush=True)

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -221,13 +221,13 @@ class Engine:
     def __init__(self, env: EnvConfig, *, spark=None, ledger=None, source: Optional[NoiseSource] = None,
                  principal: Optional[str] = None, clock: Optional[Callable[[], datetime]] = None,
                  mode: str = "official", access=None, refresh: str = "each"):
-        """``refresh``: when the version records (``_published``) and the privacy statements
-        are updated: ``"each"`` after every release (default), or ``"deferred"``: once, when
-        :meth:`finish` is called (a job publishing several releases calls it at the end: one
-        versions commit for all of them). The SQL ledger and the release tables are always
-        written before ``publish`` returns. The ledger's Delta mirror is refreshed in a
-        background thread after each release (``"each"``) or from :meth:`finish`; call
-        :meth:`close` (or use ``with Engine(...) as engine:``) to wait for it, and close the
+        """``refresh``: when the version records (rows of the SQL ledger) and the privacy
+        statements are updated: ``"each"`` after every release (default), or ``"deferred"``:
+        once, when :meth:`finish` is called (a job publishing several releases calls it at the
+        end: one ledger transaction for all of them). The ledger's charges and the release
+        tables are always written before ``publish`` returns. The Delta tables derived from the
+        ledger (its mirror, ``_published``) are refreshed in a background thread after each
+        release (``"each"``) or from :meth:`finish`; call :meth:`close` (or use ``with Engine(...) as engine:``) to wait for it, and close the
         engine before closing a ``ledger`` you passed in."""
         if mode not in ("official", "exploration"):
             raise ConfigError("mode must be 'official' or 'exploration'")
@@ -241,8 +241,6 @@ class Engine:
         self._pending_mirror = False
         # the ledger's Delta mirror is refreshed off the release's critical path (see close())
         self._mirror_task = Coalescing(self._refresh_mirror, name="dp_spark-mirror")
-        # the versions table's Delta state, reconstructed while a release aggregates (publish)
-        self._warm_task = Coalescing(self._warm_versions, name="dp_spark-versions-warm")
         self._pending_versions: list[tuple[str, str]] = []  # (family, release id), in order
         self.env = env
         self.policies = load_policies(env.policies)
@@ -276,10 +274,7 @@ class Engine:
         it exits, and so does the interpreter's exit (``atexit``) for engines not closed.
         The mirror is derived data: the SQL ledger is the authority, and a refresh that never
         ran (the process died) is caught up by the next one or ``budget rebuild-mirror``."""
-        if timeout is None:
-            return self._warm_task.wait() and self._mirror_task.wait()
-        deadline = time.monotonic() + timeout
-        return self._warm_task.wait(timeout) and self._mirror_task.wait(max(0.0, deadline - time.monotonic()))
+        return self._mirror_task.wait() if timeout is None else self._mirror_task.wait(timeout)
 
     def __enter__(self) -> "Engine":
         return self
@@ -346,7 +341,7 @@ class Engine:
 
     def finish(self) -> None:
         """Complete what ``refresh="deferred"`` postponed: the version records of the official
-        releases published since the last call (ONE commit for all of them) and one privacy
+        releases published since the last call (ONE ledger transaction for all of them) and one privacy
         statement per family; and start the ledger mirror's refresh in the background
         (:meth:`close` waits for it)."""
         from dp_spark.governance import after_official_releases
@@ -364,25 +359,10 @@ class Engine:
             if mirror:
                 self._mirror_task.request()
 
-    def _record_will_merge(self, spec: ReleaseSpec) -> bool:
-        """Whether this release's version record will be a MERGE into the versions table: a
-        deferred batch that versions several families in one commit. The record of one family
-        rewrites its rows through Delta's transaction (``versions._rewrite_family``), which
-        needs no warmed state: warming it then only competed with the aggregation (measured:
-        the whole 2M release 0.95x as long without it)."""
-        return self.refresh == "deferred" and any(f != spec.family for f, _ in self._pending_versions)
-
-    def _warm_versions(self) -> None:
-        """Reconstruct the versions table's Delta state (its files) ahead of the version
-        record's MERGE, which otherwise pays for it (~0.4 s of small Spark jobs) on the
-        release's critical path; the MERGE reuses it when no commit landed in between (if it
-        starts first, Delta computes the state once for both). Never raises."""
-        from dp_spark.governance.versions import published_path_for
-        from dp_spark.release.writer import warm_tables
-
-        warm_tables(self.spark, (published_path_for(self.env.output_root),))
-
     def _refresh_mirror(self) -> None:
+        """Refresh the Delta tables derived from the SQL ledger: its mirror and (official) the
+        ``_published`` copy of the version record. Never raises: the ledger is the authority,
+        and a refresh that fails or never runs is caught up by the next one."""
         try:
             from dp_spark.ledger.mirror import mirror_to_delta
 
@@ -390,6 +370,14 @@ class Engine:
                             audit_path=self.env.audit_mirror)
         except Exception as exc:  # the SQL ledger is the authority; the mirror can be refreshed later
             log.warning("ledger mirror refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
+        if self.mode != "official":
+            return
+        try:
+            from dp_spark.governance.versions import published_path_for, refresh_published
+
+            refresh_published(self.ledger, self.spark, published_path_for(self.env.output_root))
+        except Exception as exc:
+            log.warning("_published refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
 
     def _result(self, spec, release_id, path, status, rows, *, charge=None, note="") -> ReleaseResult:
         return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,
@@ -542,8 +530,12 @@ class Engine:
         if entry is not None and entry.state == "committed":
             self._audit(spec, "cache_hit", release_id, None)
             stored = self._stored(spec, release_id, path, "cache_hit")
-            if stored.rows or not spec.private_key_sets:  # an empty release is never versioned
-                self._version(spec, release_id)  # heals a crash between commit and versioning
+            try:
+                if stored.rows or not spec.private_key_sets:  # an empty release is never versioned
+                    self._version(spec, release_id)  # heals a crash between commit and versioning
+            finally:
+                # the derived tables (the mirror of its audit row; one a killed run never refreshed)
+                self._mirror()
             return stored
         if entry is not None and release_present(self.spark, path, release_id):
             # crashed after the write, before the commit: heal by committing what was written
@@ -578,19 +570,12 @@ class Engine:
         charged = None if reservation.reused else charge
         _PROGRESS.reserved = release_id  # from here on a failure's text is withheld (publish)
 
-        # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile
-        # (official, a batch of several families) a background task resolves the versions
-        # table's state, for the version record's MERGE (publish does not wait for it; close()
-        # does), and, after a takeover, the driver resolves the release table's write keys, so
-        # the write below does not wait for its key lookup (a fresh reservation's write needs
-        # none: ``_write_once``).
+        # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
+        # driver resolves the release table's Delta state, where the write below looks its key up
         from dp_spark.aggregations.query import collect_query_partials
         from dp_spark.release.writer import prepare_release_write
 
-        if self.mode == "official" and self._record_will_merge(spec):
-            self._warm_task.request()
-        prepare = (alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
-                   if reservation.reused else nullcontext())
+        prepare = alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
         from dp_spark.aggregations.query import total_where
 
         with prepare, _stage(self.spark, "bounding+aggregation", release_id), \
@@ -645,7 +630,7 @@ class Engine:
 
     def _version(self, spec: ReleaseSpec, release_id: str) -> None:
         """Official releases: make this the family's current version and regenerate its
-        statement, now (``refresh="each"``) or in :meth:`finish` (``"deferred"``: one commit
+        statement, now (``refresh="each"``) or in :meth:`finish` (``"deferred"``: one transaction
         for the whole batch; a crash before it leaves committed releases unversioned, and their
         rerun, a cache hit, versions them)."""
         if self.mode != "official":
@@ -665,17 +650,15 @@ class Engine:
         """Write the release insert-if-absent; None when OUR cells are the release, else the
         stored cells of the run whose write landed first.
 
-        The write is an idempotent append keyed by the release id: at most one write of a
-        release id lands, and a later one is skipped silently. Whose landed is decided so:
+        The write is Delta's idempotent append keyed by the release id: at most one write of a
+        release id lands; a later one is skipped silently, a concurrent one fails. Whose landed
+        is decided so:
 
-        * fast path, no read: our reservation was *fresh* (we inserted the ledger entry, so no
-          run owned it before us), the append raised nothing, and after it the ledger still
-          names us as owner. Owners only ever change to a new token (a takeover), so nobody
-          else owned the reservation up to that moment, and only an owner writes: no write of
-          this release id preceded ours, so ours landed, and any later one is skipped. The
-          same proof, asked once the commit's snapshot is read, lets the append skip its key
-          lookup (``write_release``'s ``sole_writer``): it then commits or raises, and a
-          commit says ours landed;
+        * no read: our reservation was *fresh* (we inserted the ledger entry, so no run owned
+          it before us), the append raised nothing, and after it the ledger still names us as
+          owner. Owners only ever change to a new token (a takeover), so nobody else owned the
+          reservation up to that moment, and only an owner writes: no write of this release id
+          preceded ours, so ours was not skipped: it landed, and any later one is skipped;
         * otherwise (we took a reservation over, a concurrent write won, or we lost ownership
           while writing): read the stored cells back. If they publish our numbers exactly
           they are ours; if not, another run's draw is the release and ours is discarded.
@@ -689,34 +672,14 @@ class Engine:
             stored = [] if fresh else read_release(self.spark, path, release_id)
             return stored or None
         try:
-            from dp_spark.governance import versions
-
-            before = versions._identity(self.spark, path)  # for the statement's summaries cache
-        except Exception:
-            before = None
-
-        def still_sole_owner() -> bool:  # fresh, and nobody took the reservation over up to now
-            entry = self.ledger.find(release_id)
-            return entry is not None and entry.owner_token == owner
-
-        try:
-            landed = write_release(self.spark, path, rows, sole_writer=still_sole_owner if fresh else None)
+            write_release(self.spark, path, rows)
             raced = False
         except ConcurrentReleaseWrite:
-            landed, raced = False, True
+            raced = True
         if fresh and not raced:
-            if landed or still_sole_owner():
-                # ours landed (above): the statement's cached release summaries are extended
-                # with these rows. Not after a takeover or a race, where the stored cells may
-                # be another run's draw: the cache entry then no longer matches the table and
-                # the next statement reads it
-                try:
-                    from dp_spark.governance.statement import note_release_written
-
-                    note_release_written(self.spark, path, before, rows)
-                except Exception:
-                    pass
-                return None
+            entry = self.ledger.find(release_id)
+            if entry is not None and entry.owner_token == owner:
+                return None  # ours landed (above)
         stored = read_release(self.spark, path, release_id)
         if not stored:  # cannot happen: a write of this id landed (ours or the winner's)
             raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")

@@ -89,12 +89,10 @@ def statement_dir(env: Any) -> Path:
 def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: str | Path,
                        summaries: Optional[list[dict[str, Any]]] = None) -> Path:
     """Rebuild and write the family's privacy statement; returns the .md path."""
-    from dp_spark.governance.versions import published_path_for
-
     _, _, md = build_and_write_statement(
         spark, family=family, ledger=ledger, releases_dir=releases_dir,
-        releases_path=f"{env.output_root}/{family}", published_path=published_path_for(env.output_root),
-        out_dir=statement_dir(env), summaries=summaries, lease_seconds=getattr(env, "lease_seconds", None))
+        releases_path=f"{env.output_root}/{family}", out_dir=statement_dir(env), summaries=summaries,
+        lease_seconds=getattr(env, "lease_seconds", None))
     return md
 
 
@@ -107,22 +105,21 @@ def after_official_release(spark, *, env: Any, family: str, release_id: str, pri
     versioning; a withdrawn release stays withdrawn). Returns (version number, statement .md
     path or None when ``write`` is False).
     """
-    from dp_spark.governance.versions import published_path_for, record_publication
+    from dp_spark.governance.versions import adopt_published, published_path_for, record_publication
 
-    pub = published_path_for(env.output_root)
-    no = record_publication(spark, pub, family, release_id, principal)
+    adopt_published(ledger, spark, published_path_for(env.output_root))  # (once, from an older deployment)
+    no = record_publication(ledger, family, release_id, principal)
     return no, _refresh_statement(spark, env, family, ledger, releases_dir) if write else None
 
 
 def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]], principal: str, ledger: Any,
                             releases_dir: str | Path) -> dict[str, Path]:
     """:func:`after_official_release` for a batch: every (family, release id), in publication
-    order, versioned in ONE commit, then one statement per family. Returns family -> .md path."""
+    order, versioned in ONE ledger transaction, then one statement per family. Returns family -> .md path."""
     from dp_spark.background import alongside
     from dp_spark.governance.statement import load_release_summaries
-    from dp_spark.governance.versions import published_path_for, record_publications
+    from dp_spark.governance.versions import adopt_published, published_path_for, record_publications
 
-    pub = published_path_for(env.output_root)
     families = sorted({f for f, _ in releases})
     # the statements' release summaries depend on the release tables only (written before
     # this call): read them while the version records are written; on any failure there,
@@ -137,7 +134,8 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
             pass
 
     with alongside(read_summaries, name="dp_spark-statement-inputs"):
-        record_publications(spark, pub, releases, principal)
+        adopt_published(ledger, spark, published_path_for(env.output_root))  # (once, from an older deployment)
+        record_publications(ledger, releases, principal)
     return {family: _refresh_statement(spark, env, family, ledger, releases_dir, summaries.get(family))
             for family in families}
 
@@ -145,17 +143,19 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
 def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str, ledger: Any,
                     access: AccessPolicy, write: bool = True) -> tuple[str, Optional[str]]:
     """An admin's rollback, end to end: permission (refusal audited), withdraw + restore in one
-    commit, one audit row (decision ``withdrawn``, no charge: nothing is refunded), and the
+    ledger transaction, one audit row (decision ``withdrawn``, no charge: nothing is refunded), and the
     regenerated statement with the erratum. Returns (withdrawn id, restored id or None)."""
-    from dp_spark.governance.versions import published_path_for, rollback
+    from dp_spark.governance.versions import adopt_published, published_path_for, refresh_published, rollback
 
     authorize(access, principal, "rollback", ledger=ledger, spec_name=family)
     pub = published_path_for(env.output_root)
-    withdrawn, restored = rollback(spark, pub, family, principal, reason)
+    adopt_published(ledger, spark, pub)  # (once, from an older deployment)
+    withdrawn, restored = rollback(ledger, family, principal, reason)
     ledger.append_audit(principal=principal, action="rollback", spec_name=family, spec_version=None,
                         decision="withdrawn", release_id=withdrawn, charge_json=None,
                         detail={"family": family, "restored": restored, "reason": reason[:400],
                                 "refund": "none: the withdrawn release was published"})
     if write:
         _refresh_statement(spark, env, family, ledger, access.releases_dir)
+    refresh_published(ledger, spark, pub)  # the derived table (a rollback is rare: no background task)
     return withdrawn, restored

@@ -61,7 +61,7 @@ RETENTION: dict[str, dict[str, str]] = {
     },
     "versions": {
         "what": "versions of each release family: current, superseded, withdrawn, with reasons",
-        "where": "<output_root>/_published (Delta)",
+        "where": "ledger_url (table dp_versions); a derived copy in <output_root>/_published (Delta)",
         "kept": "never delete",
         "why": "the published view and the errata of the privacy statement are derived from it",
     },

@@ -49,7 +49,6 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from dp_spark.budget import MEASURES, Budget, budget_from_json
 from dp_spark.errors import DpSparkError
-from dp_spark.release.identity_cache import IdentityCache
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ __all__ = [
     "summarise_release_rows",
     "specs_for_family",
     "load_release_summaries",
-    "note_release_written",
     "build_and_write_statement",
     "StatementInconsistentError",
 ]
@@ -312,7 +310,7 @@ def privacy_statement(
     with ``entries(budget_id)``, ``status(budget_id)`` and ideally ``get_policy(budget_id)``
     (else pass ``policies``: budget id -> BudgetPolicy). ``releases``: the family's official
     release-table rows, or their summaries (:func:`summarise_release_rows`). ``published``:
-    the family's rows of the versions table. ``now`` (default: the ledger's clock) and
+    the family's versions (the ledger's record, :func:`versions.history`). ``now`` (default: the ledger's clock) and
     ``lease_seconds`` decide which unversioned releases are still *pending* (see the module
     docstring).
     """
@@ -772,118 +770,16 @@ def specs_for_family(releases_dir: str | os.PathLike, family: str) -> list[Any]:
     return out
 
 
-# --------------------------------------------------------------------------------------
-# the process-wide cache of the release summaries (see load_release_summaries)
-# --------------------------------------------------------------------------------------
-CACHED_PATHS = 64  # one entry per release table; the least recently used one is dropped beyond this
-
-#: releases_path -> (table identity (Delta table id, version), {family: its summaries at it})
-_summaries: "IdentityCache[list[dict[str, Any]]]" = IdentityCache(lambda: CACHED_PATHS)
-
-
-def _cached_summaries(path: str, identity: Optional[tuple[str, int]], family: str) -> Optional[list[dict[str, Any]]]:
-    """Copies of the family's cached summaries when cached for exactly ``identity``."""
-    hit = _summaries.get(path, identity, [family])
-    return None if hit is None else hit[family]
-
-
-def _remember_summaries(path: str, identity: tuple[str, int], by_family: Mapping[str, list[dict[str, Any]]]) -> None:
-    """Cache ``by_family`` at ``identity`` (families cached at the same identity are kept)."""
-    _summaries.put(path, identity, by_family)
-
-
-def clear_cache(path: Optional[str] = None) -> None:
-    """Forget the cached release summaries of ``path`` (of every path by default). Never
-    needed for correctness (an entry is served only at its own table identity)."""
-    _summaries.clear(path)
-
-
-def _as_stored(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A release row as a read of the release table returns it (floats, ints, booleans, and
-    timestamps through Spark's internal microseconds, in the process's local time)."""
-    from pyspark.sql import types as T
-
-    from dp_spark.governance.versions import _as_read
-    from dp_spark.release.writer import RELEASE_SCHEMA
-
-    out = dict(row)
-    for f in RELEASE_SCHEMA.fields:
-        v = out.get(f.name)
-        if v is None:
-            continue
-        if isinstance(f.dataType, T.TimestampType):
-            out[f.name] = _as_read(v)
-        elif isinstance(f.dataType, T.DoubleType):
-            out[f.name] = float(v)
-        elif isinstance(f.dataType, T.LongType):
-            out[f.name] = int(v)
-        elif isinstance(f.dataType, T.BooleanType):
-            out[f.name] = bool(v)
-    return out
-
-
-def _commit_writes(spark, path: str, version: int, release_id: str) -> bool:
-    """Whether Delta commit ``version`` of ``path`` is a write of ``release_id`` (it records
-    the release write's idempotency key, a ``txn`` action): read from the commit, no Spark job;
-    False when the commit cannot be read."""
-    from dp_spark.release.delta_commits import commit_actions
-
-    actions = commit_actions(spark, path, version)
-    key = f"dp_spark_release:{release_id}"
-    return actions is not None and any((a.get("txn") or {}).get("appId") == key for a in actions)
-
-
-def note_release_written(spark, releases_path: str, before: Optional[tuple[str, int]],
-                         rows: Sequence[Mapping[str, Any]]) -> None:
-    """After a release write of ``rows`` to ``releases_path`` landed (``before``: the table's
-    identity, ``versions._identity``, taken just before the write): keep the cached summaries
-    current without a read. When the table is now at exactly ``before``'s next version and
-    that commit is this release's write, the summaries cached at ``before`` are extended
-    with ``rows`` (official ones) as a read would aggregate them and cached at the new
-    identity; otherwise the path's entry is dropped. Never raises."""
-    try:
-        entry = _summaries.pop(releases_path)  # back only when proven current
-        if entry is None or before is None or entry[0] != tuple(before) or not rows:
-            return
-        from dp_spark.governance.versions import _identity
-
-        after = (before[0], before[1] + 1)
-        if _identity(spark, releases_path) != after or not _commit_writes(
-                spark, releases_path, after[1], rows[0]["release_id"]):
-            return  # someone else committed, or the write was skipped: the next read reads
-        official = [_as_stored(r) for r in rows if r.get("mode") == "official"]
-        by_family = dict(entry[1])  # an append of these rows changes no other family's summaries
-        for family in {r["release_family"] for r in official} & set(by_family):
-            new = summarise_release_rows([r for r in official if r["release_family"] == family])
-            if {s["release_id"] for s in new} & {s["release_id"] for s in by_family[family]}:
-                del by_family[family]  # more cells of a release already read: read again
-            else:
-                by_family[family] = summarise_release_rows(by_family[family] + new)
-        _remember_summaries(releases_path, after, by_family)
-    except Exception as exc:  # a cache only: the next read reads the table
-        log.debug("release summaries cache dropped after a write (%s)", type(exc).__name__)
-        clear_cache(releases_path)
-
-
 def load_release_summaries(spark, *, family: str, releases_path: str) -> list[dict[str, Any]]:
     """The release summaries of a statement (one per official release of ``family``): they
-    depend on the release table only, not on the version records.
-
-    They are cached per process at the table's identity (Delta table id and version, from its
-    log), cached only when that identity is the same before and after the read, and extended by
-    :func:`note_release_written` with the engine's own next write, so a warm process's
-    statement runs no Spark job here. Any other commit (or a table recreated at the same path)
-    changes the identity, and the table is read again (always so without the log: Spark Connect)."""
+    depend on the release table only, not on the version records. One aggregation over the
+    family's rows."""
     from pyspark.sql import functions as F
 
-    from dp_spark.governance.versions import _exists, _identity
+    from dp_spark.release.writer import latest_commit
 
-    before = _identity(spark, releases_path)
-    hit = _cached_summaries(releases_path, before, family)
-    if hit is not None:
-        return hit
     summaries: list[dict[str, Any]] = []
-    if _exists(spark, releases_path):
+    if latest_commit(spark, releases_path) is not None:  # a Delta table is there
         df = spark.read.format("delta").load(releases_path).where(
             (F.col("release_family") == family) & (F.col("mode") == "official"))
         firsts = ["release_family", "release_name", "spec_version", "mode", "statement_epsilon", "statement_delta",
@@ -899,17 +795,14 @@ def load_release_summaries(spark, *, family: str, releases_path: str) -> list[di
             F.sort_array(F.collect_set(F.when(F.col("suppressed"), F.col("key")))).alias("suppressed_keys"),
         )
         summaries = [r.asDict() for r in agg.collect()]
-    result = summarise_release_rows(summaries)
-    if before is not None and _identity(spark, releases_path) == before:
-        _remember_summaries(releases_path, before, {family: result})
-    return result
+    return summarise_release_rows(summaries)
 
 
 REBUILDS = 5
 
 
 def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: str | os.PathLike,
-                              releases_path: str, published_path: str, out_dir: str | os.PathLike,
+                              releases_path: str, out_dir: str | os.PathLike,
                               force: bool = False, now: Optional[datetime] = None,
                               summaries: Optional[list[dict[str, Any]]] = None,
                               lease_seconds: Optional[float] = None) -> tuple[dict[str, Any], Path, Path]:
@@ -924,26 +817,19 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
     changed them meanwhile (it versioned a release after our read), the statement is rebuilt
     and rewritten. Any run versioning later reads after our write, so the last file written
     reflects every version committed before it (as long as no run dies between its
-    versioning and its statement). Right after this process's own versioning, ``history``
-    is served from the versions cache (no Spark job); it is never older than the table."""
-    from dp_spark.governance.versions import history, table_version
+    versioning and its statement)."""
+    from dp_spark.governance.versions import history
 
     specs = specs_for_family(releases_dir, family)
-    seen = table_version(spark, published_path)  # read before the rows: never newer than them
-    pub = history(spark, published_path, family)
+    pub = history(ledger, family)
     for attempt in range(REBUILDS):
         if summaries is None:
             summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
         d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)
         j, m = write_statement(out_dir, d, force=force)
-        # the versions table's Delta version unchanged since before our read: nobody versioned
-        # meanwhile (any change is a new version), so no second read of the rows is needed
-        latest = None if seen is None else table_version(spark, published_path)
-        if latest is not None and latest == seen:
-            break
-        again = history(spark, published_path, family)
+        again = history(ledger, family)
         if again == pub:
             break
         # another run versioned meanwhile: rebuild from the new state
-        pub, summaries, seen = again, None, latest
+        pub, summaries = again, None
     return d, j, m

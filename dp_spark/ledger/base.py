@@ -12,6 +12,9 @@ canonical JSON, so every row hashes to the same bytes on either store)::
                committed_at, row_hash, state_mac)   PRIMARY KEY (budget_id, seq)
     dp_audit(seq PK, at, principal, action, spec_name, spec_version, decision, release_id,
              charge, detail, row_hash)
+    dp_versions(family, version_no, release_id, state, reason, principal, at, changed_by,
+                changed_at, mac)   PRIMARY KEY (family, version_no), UNIQUE (family, release_id),
+                at most one 'current' row per family (a partial unique index)
 
 Protocol (exactly once; see docs/ledger.md): ``reserve`` is a compare-and-set append at the
 end of a budget's log inside one write transaction (SQLite ``BEGIN IMMEDIATE``; PostgreSQL
@@ -82,6 +85,8 @@ __all__ = [
     "SqlLedger",
     "UnknownBudgetError",
     "UnknownReleaseError",
+    "VersionRecord",
+    "VERSION_STATES",
     "KEY_ENV",
     "KEY_FILE_ENV",
     "resolve_key",
@@ -96,6 +101,8 @@ MIN_KEY_BYTES = 16
 MAX_LEASE_SECONDS = 7 * 24 * 3600
 MAX_TEXT = 512
 STATES = ("reserved", "committed")
+VERSION_STATES = ("current", "superseded", "withdrawn")
+VERSIONS_SEQ = "versions_seq"  # dp_ledger_meta: the number of version-record changes so far
 SPEND_PREFIX = "spend:"  # dp_ledger_meta name of a budget's spend summary
 Clock = Callable[[], datetime]
 
@@ -226,6 +233,23 @@ class PolicyRecord:
         return {"version": self.version, "policy_hash": self.policy_hash, "policy": self.policy,
                 "principal": self.principal, "reason": self.reason, "at": ts_text(self.at),
                 "changes": list(self.changes)}
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One published version of a release family (``dp_versions``): ``state`` is current,
+    superseded or withdrawn; ``changed_by``/``changed_at`` name the last state change (None
+    while current since publication); ``reason`` why it was withdrawn."""
+
+    family: str
+    version_no: int
+    release_id: str
+    state: str
+    reason: Optional[str]
+    principal: str
+    at: datetime
+    changed_by: Optional[str]
+    changed_at: Optional[datetime]
 
 
 def policy_json(p: BudgetPolicy) -> str:
@@ -466,6 +490,28 @@ POLICIES_DDL = """CREATE TABLE IF NOT EXISTS dp_policies (
     )"""
 POLICY_COLS = "budget_id, version, policy_hash, policy_json, principal, reason, at, row_hash"
 
+# The version record of each release family (publish, supersede, withdraw, restore): rows
+# whose state changes, each MAC'd over all its fields. Added to existing ledgers on open.
+VERSIONS_DDL = (
+    """CREATE TABLE IF NOT EXISTS dp_versions (
+        family TEXT NOT NULL,
+        version_no BIGINT NOT NULL CHECK (version_no >= 1),
+        release_id TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('current', 'superseded', 'withdrawn')),
+        reason TEXT,
+        principal TEXT NOT NULL,
+        at TEXT NOT NULL,
+        changed_by TEXT,
+        changed_at TEXT,
+        mac TEXT NOT NULL,
+        PRIMARY KEY (family, version_no),
+        UNIQUE (family, release_id)
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS dp_versions_one_current ON dp_versions (family) WHERE state = 'current'",
+)
+VERSION_COLS = "family, version_no, release_id, state, reason, principal, at, changed_by, changed_at, mac"
+IMMUTABLE_VERSION_COLUMNS = "family, version_no, release_id, principal, at"
+
 TABLES_DDL = (
     """CREATE TABLE IF NOT EXISTS dp_ledger_meta (
         name TEXT PRIMARY KEY,
@@ -515,6 +561,7 @@ TABLES_DDL = (
     "CREATE INDEX IF NOT EXISTS dp_entries_family ON dp_entries (release_family, state)",
     "CREATE INDEX IF NOT EXISTS dp_entries_created ON dp_entries (budget_id, created_at)",
     POLICIES_DDL,
+    *VERSIONS_DDL,
     """CREATE TABLE IF NOT EXISTS dp_audit (
         seq BIGINT PRIMARY KEY,
         at TEXT NOT NULL,
@@ -722,12 +769,18 @@ class SqlLedger(Ledger):
                     cur.x(stmt)
                 for stmt in self._guard_ddl():
                     cur.x(stmt)
-            elif not self._table_exists(cur, "dp_policies"):
-                # a ledger created before the policy history: add the table and its guards
-                self._schema_lock(cur)
-                cur.x(POLICIES_DDL)
-                for stmt in self._guard_ddl():
-                    cur.x(stmt)
+            else:
+                # a ledger created before the policy history or the version record: add the
+                # missing tables and (re)create every guard (idempotent)
+                missing = [ddl for name, ddl in (("dp_policies", (POLICIES_DDL,)), ("dp_versions", VERSIONS_DDL))
+                           if not self._table_exists(cur, name)]
+                if missing:
+                    self._schema_lock(cur)
+                    for ddl in missing:
+                        for stmt in ddl:
+                            cur.x(stmt)
+                    for stmt in self._guard_ddl():
+                        cur.x(stmt)
             rows = dict(cur.q("SELECT name, value FROM dp_ledger_meta"))
             if "schema_version" not in rows:
                 cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", ("schema_version", SCHEMA_VERSION))
@@ -1613,9 +1666,22 @@ class SqlLedger(Ledger):
                 if row[2] not in known:
                     problems.append(f"binding to unregistered budget {row[2]!r}")
             problems.extend(self._audit_problems(cur))
+            problems.extend(self._version_problems(cur))
             self._raise_problems(problems)
 
         self._run("verify", fn, write=False)
+
+    def _version_problems(self, cur: _Cursor) -> list[str]:
+        """Every version row's MAC and at most one current version per family."""
+        problems = []
+        current: dict[str, int] = {}
+        for r in cur.q(f"SELECT {VERSION_COLS} FROM dp_versions ORDER BY family, version_no"):
+            if not hmac.compare_digest(str(r[9]), self._version_mac(r)):
+                problems.append(f"version {r[1]} of family {r[0]!r} edited outside the ledger")
+            if r[3] == "current":
+                current[r[0]] = current.get(r[0], 0) + 1
+        problems.extend(f"family {f!r} has {n} current versions" for f, n in sorted(current.items()) if n > 1)
+        return problems
 
     # -- audit -----------------------------------------------------------------------
     def _audit_head_value(self, seq: int, head: str) -> str:
@@ -1759,3 +1825,182 @@ class SqlLedger(Ledger):
             return [self._audit(r) for r in rows]
 
         return self._run("audit_rows", fn, write=False)
+
+    # -- the version record of release families ----------------------------------------
+    def _version_mac(self, r: Sequence[Any]) -> str:
+        return self._mac("version", *r[:9])
+
+    def _version(self, r: Sequence[Any]) -> VersionRecord:
+        """A dp_versions row (VERSION_COLS order), its MAC checked."""
+        if not hmac.compare_digest(str(r[9]), self._version_mac(r)):
+            raise LedgerIntegrityError(
+                f"ledger integrity check failed: version {r[1]} of family {r[0]!r} was edited outside the ledger")
+        return VersionRecord(family=r[0], version_no=int(r[1]), release_id=r[2], state=r[3], reason=r[4],
+                             principal=r[5], at=parse_ts(r[6]), changed_by=r[7],
+                             changed_at=None if r[8] is None else parse_ts(r[8]))
+
+    def _family_versions(self, cur: _Cursor, families: Sequence[str]) -> list[VersionRecord]:
+        """Every version of ``families``, ordered by (family, version_no), MACs checked, and
+        at most one current version per family (else LedgerIntegrityError)."""
+        if not families:
+            return []
+        marks = ", ".join("?" * len(families))
+        out = [self._version(r) for r in cur.q(
+            f"SELECT {VERSION_COLS} FROM dp_versions WHERE family IN ({marks}) ORDER BY family, version_no",
+            tuple(families))]
+        for f in families:
+            if sum(1 for v in out if v.family == f and v.state == "current") > 1:
+                raise LedgerIntegrityError(f"ledger integrity check failed: family {f!r} has several current versions")
+        return out
+
+    def _lock_budgets_of(self, cur: _Cursor, release_ids: Sequence[str]) -> None:
+        """Take the budget lock (the budget row, ``FOR UPDATE`` on PostgreSQL; SQLite's write
+        transaction is already exclusive) of every budget that charged one of ``release_ids``,
+        in budget order, so a version change is serialised with that budget's reservations."""
+        ids = sorted(set(release_ids))
+        if not ids:
+            return
+        marks = ", ".join("?" * len(ids))
+        budgets = sorted({r[0] for r in cur.q(
+            f"SELECT DISTINCT budget_id FROM dp_entries WHERE release_id IN ({marks})", tuple(ids))})
+        for bid in budgets:
+            self._load_budget(cur, bid, lock=True)
+
+    def _bump_versions_seq(self, cur: _Cursor) -> int:
+        """Count one more version-record change (``dp_ledger_meta``: an atomic increment);
+        returns the new count. The derived ``_published`` Delta table records the count it
+        was refreshed at."""
+        n = cur.x("UPDATE dp_ledger_meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE name = ?",
+                  (VERSIONS_SEQ,))
+        if n == 0:
+            cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", (VERSIONS_SEQ, "1"))
+        return int(cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (VERSIONS_SEQ,))[0])
+
+    def _insert_version(self, cur: _Cursor, r: tuple) -> None:
+        cur.x(f"INSERT INTO dp_versions ({VERSION_COLS}) VALUES ({', '.join(['?'] * 10)})",
+              (*r, self._version_mac(r)))
+
+    def _change_version(self, cur: _Cursor, v: VersionRecord, new_state: str, principal: str, at: str,
+                        reason: Optional[str] = None) -> None:
+        """Compare-and-set one version's state (from ``v.state``); a lost race is retried."""
+        r = (v.family, v.version_no, v.release_id, new_state, v.reason if reason is None else reason,
+             v.principal, ts_text(v.at), principal, at)
+        n = cur.x("UPDATE dp_versions SET state = ?, reason = ?, changed_by = ?, changed_at = ?, mac = ? "
+                  "WHERE family = ? AND version_no = ? AND state = ?",
+                  (new_state, r[4], principal, at, self._version_mac(r), v.family, v.version_no, v.state))
+        if n != 1:
+            raise _Retry()
+
+    def record_versions(self, items: Sequence[tuple[str, str]], principal: str,
+                        now: Optional[datetime] = None) -> list[int]:
+        """Make each (family, release id) of ``items``, in order, the current version of its
+        family, in ONE write transaction under the budget lock of the releases' budgets: a new
+        version supersedes the family's current one, so the family's last new release ends up
+        current. Idempotent per (family, release id): one that already has a version (in any
+        state) changes nothing, so a withdrawn release never comes back. Returns each item's
+        version number."""
+        items = [(_check_text(f, "family"), _check_text(r, "release_id")) for f, r in items]
+        _check_text(principal, "principal")
+        at = ts_text(self._now(now))
+
+        def fn(cur: _Cursor) -> list[int]:
+            self._lock_budgets_of(cur, [r for _, r in items])
+            families = sorted({f for f, _ in items})
+            rows = self._family_versions(cur, families)
+            known = {(v.family, v.release_id): v.version_no for v in rows}
+            next_no = {f: max((v.version_no for v in rows if v.family == f), default=0) + 1 for f in families}
+            out = []
+            changed = False
+            for f, rid in items:
+                if (f, rid) not in known:
+                    for v in rows:
+                        if v.family == f and v.state == "current":
+                            self._change_version(cur, v, "superseded", principal, at)
+                    rows = [replace(v, state="superseded") if v.family == f and v.state == "current" else v
+                            for v in rows]
+                    no = next_no[f]
+                    next_no[f] += 1
+                    self._insert_version(cur, (f, no, rid, "current", None, principal, at, None, None))
+                    rows.append(VersionRecord(f, no, rid, "current", None, principal, parse_ts(at), None, None))
+                    known[(f, rid)] = no
+                    changed = True
+                out.append(known[(f, rid)])
+            if changed:
+                self._bump_versions_seq(cur)
+            return out
+
+        if not items:
+            return []
+        return self._run("record_versions", fn, write=True)
+
+    def withdraw_version(self, family: str, principal: str, reason: str,
+                         now: Optional[datetime] = None) -> tuple[str, Optional[str]]:
+        """Withdraw the family's current version and make the latest earlier superseded one
+        current, in one write transaction under the budget lock of both releases' budgets.
+        Returns (withdrawn release id, restored release id or None). Rows are never deleted.
+        ConfigError when the family has no current version."""
+        _check_text(family, "family")
+        _check_text(principal, "principal")
+        _check_text(reason, "reason")
+        at = ts_text(self._now(now))
+
+        def fn(cur: _Cursor) -> tuple[str, Optional[str]]:
+            rows = self._family_versions(cur, [family])
+            self._lock_budgets_of(cur, [v.release_id for v in rows if v.state in ("current", "superseded")])
+            rows = self._family_versions(cur, [family])  # under the lock
+            cur_ = [v for v in rows if v.state == "current"]
+            if not cur_:
+                raise ConfigError(f"family {family!r} has no current version to roll back")
+            c = cur_[0]
+            earlier = [v for v in rows if v.version_no < c.version_no and v.state == "superseded"]
+            prev = earlier[-1] if earlier else None
+            self._change_version(cur, c, "withdrawn", principal, at, reason)
+            if prev is not None:
+                self._change_version(cur, prev, "current", principal, at)
+            self._bump_versions_seq(cur)
+            return c.release_id, None if prev is None else prev.release_id
+
+        return self._run("withdraw_version", fn, write=True)
+
+    def versions(self, family: Optional[str] = None) -> list[VersionRecord]:
+        """The versions of ``family`` (of every family by default), ordered by (family,
+        version_no), each row's MAC checked."""
+        return self.versions_snapshot(family)[1]
+
+    def versions_snapshot(self, family: Optional[str] = None) -> tuple[int, list[VersionRecord]]:
+        """(the number of version-record changes so far, :meth:`versions`), read in one
+        transaction: the derived ``_published`` table is refreshed from it."""
+        def fn(cur: _Cursor) -> tuple[int, list[VersionRecord]]:
+            row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (VERSIONS_SEQ,))
+            if family is not None:
+                return (0 if row is None else int(row[0])), self._family_versions(cur, [family])
+            families = [r[0] for r in cur.q("SELECT DISTINCT family FROM dp_versions ORDER BY family")]
+            return (0 if row is None else int(row[0])), self._family_versions(cur, families)
+
+        return self._run("versions", fn, write=False)
+
+    def import_versions(self, records: Sequence[VersionRecord]) -> bool:
+        """Adopt a version history kept elsewhere (the ``_published`` Delta table of a
+        deployment older than the ledger's version record), once: inserted in one transaction
+        only while the ledger holds no version at all; True when imported. Every row is checked
+        like the ledger's own (states, one current version per family, unique numbers)."""
+        recs = sorted(records, key=lambda v: (v.family, v.version_no))
+        for v in recs:
+            _check_text(v.family, "family")
+            _check_text(v.release_id, "release_id")
+            _check_text(v.principal, "principal")
+            if v.state not in VERSION_STATES:
+                raise LedgerError(f"version {v.version_no} of family {v.family!r}: unknown state")
+
+        def fn(cur: _Cursor) -> bool:
+            if cur.one("SELECT 1 FROM dp_versions LIMIT 1") is not None:
+                return False
+            for v in recs:
+                self._insert_version(cur, (v.family, v.version_no, v.release_id, v.state, v.reason, v.principal,
+                                           ts_text(v.at), v.changed_by,
+                                           None if v.changed_at is None else ts_text(v.changed_at)))
+            if recs:
+                self._bump_versions_seq(cur)
+            return bool(recs)
+
+        return self._run("import_versions", fn, write=True)

@@ -4,26 +4,24 @@ The SQL store stays the authority: the mirror is copied from it, never read back
 charge.
 
 Refresh (after each job's releases; ``mirror_to_delta``) costs what changed, not the ledger's
-size. For each table it reads the mirror's latest Delta version ``v`` and the table's state: the
-highest seq (per budget for entries) and the entries not settled yet. Each write of this module
-records the state it leaves in its commit (``userMetadata``); when the latest commit is such a
-write, planned from ``v - 1``, that record is the state. Otherwise (the first refresh after any
-other commit) the table is read: highest seq, row count, sum and sum of squares of seq (rows
-1..max). The refresh then asks the ledger only for the rows after those watermarks
-(``entries_since`` / ``audit_rows_since``, which verify the new rows, their link to the stored
-row at the watermark and the MAC'd chain head: O(new rows)) and appends them in one commit.
+size. For each table it reads the mirror's latest commit (``DESCRIBE HISTORY ... LIMIT 1``: its
+version ``v`` and its ``userMetadata``) and the table's state: the highest seq (per budget for
+entries) and the entries not settled yet. Each write of this module records the state it leaves
+in its commit (``userMetadata``); when the latest commit is such a write, planned from ``v - 1``,
+that record is the state. Otherwise (the first refresh after any other commit) the table is
+read: highest seq, row count, sum and sum of squares of seq (rows 1..max). The refresh then asks
+the ledger only for the rows after those watermarks (``entries_since`` / ``audit_rows_since``,
+which verify the new rows, their link to the stored row at the watermark and the MAC'd chain
+head: O(new rows)) and appends them in one commit.
 
-An append carries Delta's idempotent-write options (``txnAppId = dp_spark.ledger_mirror``,
-``txnVersion = v + 1``): Delta skips a write whose txnVersion is not above the last recorded
-one, so of two refreshes planned from the same version only the first appends, and a refresh
-planned before another one committed appends nothing (it then re-plans from the new version).
-On a classic session the append is made through Delta's transaction directly
-(``release.writer.append_if_unchanged``): it commits only when the table is still at ``v`` and no
-other non-blind commit lands before it (the transaction declares it read the whole table), and
-records the same key, so it never pays the state reconstruction (three Spark jobs per table)
-that Delta 4.4's lookup of ``txnVersion`` costs. A commit that lands later than ``v + 1`` (a
-blind append by something else got in between) counts as a race: the refresh re-plans, and
-its plan reads and checks the table (a duplicate is rewritten away).
+An append is the DataFrame writer's with Delta's idempotent-write options (``txnAppId =
+dp_spark.ledger_mirror``, ``txnVersion = v + 1``): Delta skips a write whose txnVersion is not
+above the last recorded one, and refuses one whose key a concurrent commit recorded first, so
+of two refreshes planned from the same version only one appends, and a refresh planned before
+another one committed appends nothing. The write counts as committed only when the table's
+latest commit is then exactly version ``v + 1`` and records this write's state; anything else (a
+skipped write, a commit by something else in between) counts as a race: the refresh re-plans,
+and its plan reads and checks the table (a duplicate is rewritten away).
 
 A table is rewritten whole (after a full ``verify()``) only when it must be: it is absent or of
 another schema, it shows a gap or a duplicate, a budget's watermark is past the ledger's head
@@ -47,6 +45,7 @@ Only this module of dp_spark.ledger imports pyspark.
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Optional
 
@@ -118,44 +117,32 @@ TXN_APP_ID = "dp_spark.ledger_mirror"
 _ATTEMPTS = 4
 
 
+def _head(spark, path: str) -> Optional[dict[str, Any]]:
+    """The mirror table's latest commit (``version``, ``userMetadata``, ...), or None when there
+    is no readable table."""
+    from dp_spark.release.writer import latest_commit
+
+    return latest_commit(spark, path)
+
+
 def _version(spark, path: str) -> Optional[int]:
     """The mirror table's latest Delta version, or None when there is no readable table."""
-    from dp_spark.release.writer import _delta_schema, _fast_snapshot
-
-    snap = _fast_snapshot(spark, path)
-    if snap is not None:
-        return snap.version
-    try:
-        if _delta_schema(spark, path) is None:
-            return None
-        return int(spark.sql("DESCRIBE HISTORY delta.`" + path.replace("`", "``") + "` LIMIT 1").first()["version"])
-    except Exception:
-        return None
+    head = _head(spark, path)
+    return None if head is None else int(head["version"])
 
 
 _META_KEY = "dp_spark_mirror"
 
 
-def _recorded_state(spark, path: str, v: int) -> Optional[Any]:
-    """The state the table's latest commit recorded (``userMetadata``), when that commit is
-    version ``v``, was made by this module and was planned from ``v - 1`` (so nothing else
+def _recorded_state(head: Optional[dict[str, Any]]) -> Optional[Any]:
+    """The state the table's latest commit ``head`` recorded (``userMetadata``), when that
+    commit was made by this module and planned from the version before it (so nothing else
     committed in between: the table is exactly as that write left it); otherwise None, and the
     caller reads the table. Saves the aggregation over the table on every refresh but the first
     after someone else's commit."""
-    from dp_spark.release.delta_commits import commit_actions
-
     try:
-        actions = commit_actions(spark, path, v) or []
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
-        if info is not None:  # commit v itself, from the log (no Spark command)
-            text = info.get("userMetadata")
-        else:
-            r = spark.sql("DESCRIBE HISTORY delta.`" + path.replace("`", "``") + "` LIMIT 1").first()
-            if r is None or int(r["version"]) != v:
-                return None
-            text = r["userMetadata"]
-        meta = json.loads(text or "null")
-        if not isinstance(meta, dict) or meta.get(_META_KEY) != 1 or meta.get("from") != v - 1:
+        meta = json.loads((head or {}).get("userMetadata") or "null")
+        if not isinstance(meta, dict) or meta.get(_META_KEY) != 1 or meta.get("from") != int(head["version"]) - 1:
             return None
         return meta["state"]
     except Exception:
@@ -167,24 +154,17 @@ def _write(spark, rows, schema, path: str, *, append: bool, read_version: Option
     at ``read_version`` for every writer of this module: the commit carries Delta's idempotent
     transaction (``txnAppId``, ``txnVersion = read_version + 1``), and Delta skips a write whose
     txnVersion is not above the last one recorded, i.e. a write planned from a version another
-    mirror write has already moved past. The commit records ``state``, what the table holds
-    after it (see :func:`_recorded_state`). Returns whether it was committed."""
+    mirror write has already moved past, and refuses one whose key a concurrent write recorded
+    first. The commit records ``state``, what the table holds after it (see
+    :func:`_recorded_state`). Returns whether it was committed: the table's latest commit is
+    then exactly ``read_version + 1`` and records this state."""
     before = -1 if read_version is None else read_version
-    meta = json.dumps({_META_KEY: 1, "from": before, "state": state}, sort_keys=True)
+    # ``write``: this write's own mark, so that the commit found afterwards is known to be this
+    # one (a twin refresh planned from the same version records the same state)
+    meta = json.dumps({_META_KEY: 1, "from": before, "state": state, "write": uuid.uuid4().hex}, sort_keys=True)
     df = spark.createDataFrame(rows, schema).coalesce(1)
-    if append and read_version is not None:
-        from dp_spark.release.writer import append_if_unchanged
-
-        # the fast path: the same conditional commit without Delta's state reconstruction
-        committed = append_if_unchanged(spark, path, df, version=read_version, app_id=TXN_APP_ID,
-                                        user_metadata=meta)
-        if committed is not None:
-            # a commit that did not land right after read_version raced a blind append: say
-            # "not committed" so the caller re-plans (its next plan reads and checks the table)
-            return committed > 0 and committed == read_version + 1
     w = (df.write.format("delta").option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
          .option("userMetadata", meta))
-    pre = _version(spark, path)  # a skipped write commits nothing: the version stays
     try:
         if append:
             w.mode("append").save(path)
@@ -196,8 +176,10 @@ def _write(spark, rows, schema, path: str, *, append: bool, read_version: Option
         if is_concurrent_change(exc):  # another refresh committed (or created the table) meanwhile: re-plan
             return False
         raise
-    post = _version(spark, path)
-    return post is not None and post != pre
+    head = _head(spark, path)
+    # a skipped write leaves the version where it was; a commit by anyone else in between
+    # lands elsewhere or records another state: both are re-planned (see the module docstring)
+    return head is not None and int(head["version"]) == before + 1 and head.get("userMetadata") == meta
 
 
 def _overwrite(ledger: Ledger, spark, which: str, path: str, now: datetime) -> int:
@@ -269,9 +251,10 @@ def _refresh(ledger: Ledger, spark, path: str, now: datetime, which: str, schema
     the ledger's rows after that state (None: rewrite the table); they are appended as
     ``row(x, now)`` in one commit conditional on ``v`` that records ``after(state, new)``."""
     for _ in range(_ATTEMPTS):
-        v = _version(spark, path)
+        head = _head(spark, path)
+        v = None if head is None else int(head["version"])
         state = None
-        rec = None if v is None else _recorded_state(spark, path, v)
+        rec = _recorded_state(head)
         if rec is not None:
             state = recorded(rec)
         elif v is not None:

@@ -31,7 +31,7 @@ import psycopg
 from psycopg import errors as pgerr
 
 from dp_spark.errors import LedgerError, LedgerUnavailableError
-from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
+from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
 
 __all__ = ["PostgresLedger", "redact_url"]
 
@@ -184,6 +184,11 @@ class PostgresLedger(SqlLedger):
             trig("dp_audit_no_truncate", "BEFORE TRUNCATE", "dp_audit", "STATEMENT"),
             trig("dp_policies_no_change", "BEFORE UPDATE OR DELETE", "dp_policies"),
             trig("dp_policies_no_truncate", "BEFORE TRUNCATE", "dp_policies", "STATEMENT"),
+            trig("dp_versions_no_delete", "BEFORE DELETE", "dp_versions"),
+            trig("dp_versions_no_truncate", "BEFORE TRUNCATE", "dp_versions", "STATEMENT"),
+            trig("dp_versions_immutable", f"BEFORE UPDATE OF {IMMUTABLE_VERSION_COLUMNS}", "dp_versions"),
+            trig("dp_versions_withdrawn_stays", "BEFORE UPDATE OF state", "dp_versions", "ROW",
+                 "WHEN (OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn') "),
         )
 
     def _close_connection(self) -> None:

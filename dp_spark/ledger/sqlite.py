@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from dp_spark.errors import LedgerIntegrityError, LedgerUnavailableError
-from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
+from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
 
 __all__ = ["SQLiteLedger"]
 
@@ -147,6 +147,12 @@ class SQLiteLedger(SqlLedger):
             refuse("dp_audit_no_delete", "BEFORE DELETE", "dp_audit", "the audit log is append-only"),
             refuse("dp_policies_no_update", "BEFORE UPDATE", "dp_policies", "the policy history is append-only"),
             refuse("dp_policies_no_delete", "BEFORE DELETE", "dp_policies", "the policy history is append-only"),
+            refuse("dp_versions_no_delete", "BEFORE DELETE", "dp_versions", "versions are never deleted"),
+            refuse("dp_versions_immutable", f"BEFORE UPDATE OF {IMMUTABLE_VERSION_COLUMNS}", "dp_versions",
+                   "version fields are immutable"),
+            refuse("dp_versions_withdrawn_stays", "BEFORE UPDATE OF state", "dp_versions",
+                   "a withdrawn version stays withdrawn",
+                   "WHEN OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn' "),
         )
 
     def _close_connection(self) -> None:

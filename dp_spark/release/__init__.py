@@ -1,2 +1,2 @@
-"""Delta release tables (writer, reads, snapshots; ``writer`` imports pyspark), the readers of
-Delta commits (``delta_commits``) and the identity-keyed cache (``identity_cache``)."""
+"""Delta release tables (``writer``: schema, the idempotent write, reads, snapshots; imports
+pyspark), through Delta's public API only."""

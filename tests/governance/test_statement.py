@@ -310,7 +310,7 @@ def test_end_to_end_publish_rollback_statement(spark, tmp_path, monkeypatch):
     matches(d, r2.release_id)
     assert d["errata"] == []
     pub = published_path_for(env.output_root)
-    assert {r["release_id"] for r in published_view(spark, r1.table_path, pub, "dau_daily").select(
+    assert {r["release_id"] for r in published_view(spark, r1.table_path, eng.ledger, "dau_daily").select(
         "release_id").distinct().collect()} == {r2.release_id}
 
     # the publisher may not roll back (refusal audited); the admin may
@@ -322,8 +322,11 @@ def test_end_to_end_publish_rollback_statement(spark, tmp_path, monkeypatch):
                            reason="input snapshot was incomplete", ledger=eng.ledger,
                            access=access) == (r2.release_id, r1.release_id)
     assert eng.ledger.status("demo_events_user").spent == spent_before  # no refund
-    assert current_release_id(spark, pub, "dau_daily") == r1.release_id
-    view = published_view(spark, r1.table_path, pub, "dau_daily")
+    assert current_release_id(eng.ledger, "dau_daily") == r1.release_id
+    # the derived _published table was refreshed from the ledger by the rollback
+    assert {(r["release_id"], r["state"]) for r in spark.read.format("delta").load(pub).collect()} == {
+        (r1.release_id, "current"), (r2.release_id, "withdrawn")}
+    view = published_view(spark, r1.table_path, eng.ledger, "dau_daily")
     assert {r["release_id"] for r in view.select("release_id").distinct().collect()} == {r1.release_id}
     assert view.count() == 30
 

@@ -1,54 +1,67 @@
-"""The statement's "did anyone version meanwhile?" check (issue 15): by the versions table's
-Delta version instead of a second read of the rows, with the same guarantee -- the statement
-written last reflects every version committed before it."""
+"""The statement's "did anyone version meanwhile?" check: after writing, the family's versions
+are read again (from the SQL ledger), and a statement built from rows that another run changed
+meanwhile is rebuilt, so the statement written last reflects every version committed before it."""
 
 from __future__ import annotations
 
+import pytest
+
 from dp_spark.governance import statement as st
 from dp_spark.governance import versions
-from dp_spark.governance.versions import record_publication, table_version
+from dp_spark.governance.versions import record_publication, record_publications, rollback
+from dp_spark.ledger import open_ledger
 
 
-def _build(spark, tmp_path, pub):
+@pytest.fixture
+def ledger(tmp_path, monkeypatch):
+    monkeypatch.setenv("DP_SPARK_LEDGER_KEY", "statement test key, not a secret")
+    with open_ledger(f"sqlite:{tmp_path / 'ledger.db'}") as led:
+        yield led
+
+
+def _build(tmp_path, ledger):
+    # the summaries are given: no Spark read
     return st.build_and_write_statement(
-        spark, family="fam", ledger=None, releases_dir=tmp_path, releases_path=str(tmp_path / "rel"),
-        published_path=pub, out_dir=tmp_path, summaries=[])
+        None, family="fam", ledger=ledger, releases_dir=tmp_path, releases_path=str(tmp_path / "rel"),
+        out_dir=tmp_path, summaries=[])
 
 
-def test_statement_rebuilt_when_a_version_lands_meanwhile_and_read_once_otherwise(spark, tmp_path, monkeypatch):
-    pub = str(tmp_path / "_published")
-    assert table_version(spark, pub) is None  # no table yet
-    record_publication(spark, pub, "fam", "r1", "alice")
-    v1 = table_version(spark, pub)
-    assert v1 is not None and v1 >= 0
+def test_statement_rebuilt_when_a_version_lands_meanwhile_and_built_once_otherwise(tmp_path, ledger, monkeypatch):
+    record_publication(ledger, "fam", "r1", "alice")
     built: list[list[str]] = []
     monkeypatch.setattr(st, "specs_for_family", lambda releases_dir, family: [])
+    monkeypatch.setattr(st, "load_release_summaries", lambda spark, **kw: [])
     monkeypatch.setattr(st, "privacy_statement",
-                        lambda family, specs, ledger, summaries, rows, **kw: {"v": [r["release_id"] for r in rows]})
+                        lambda family, specs, led, summaries, rows, **kw: {"v": [r["release_id"] for r in rows]})
 
     def write(out_dir, d, force=False):
         built.append(d["v"])
         if len(built) == 1:  # another run versions the family between our read and our write
-            record_publication(spark, pub, "fam", "r2", "bob")
+            record_publication(ledger, "fam", "r2", "bob")
         return tmp_path / "s.json", tmp_path / "s.md"
 
     monkeypatch.setattr(st, "write_statement", write)
-    _build(spark, tmp_path, pub)
+    _build(tmp_path, ledger)
     assert built == [["r1"], ["r1", "r2"]], "the statement written last must list r2"
-    assert table_version(spark, pub) > v1
 
-    # nothing changes meanwhile: one build and ONE read of the rows (the version check is free)
+    # nothing changes meanwhile: one build, the rows read before it and once after it
     built.clear()
     reads: list[int] = []
     real = versions.history
     monkeypatch.setattr(versions, "history", lambda *a: reads.append(1) or real(*a))
-    _build(spark, tmp_path, pub)
-    assert built == [["r1", "r2"]] and len(reads) == 1
+    _build(tmp_path, ledger)
+    assert built == [["r1", "r2"]] and len(reads) == 2
 
 
-def test_table_version_is_none_without_a_jvm_snapshot(spark, tmp_path, monkeypatch):
-    # where the log cannot be read directly (Spark Connect), callers compare rows as before
-    import dp_spark.release.writer as writer
-
-    monkeypatch.setattr(writer, "_fast_snapshot", lambda spark, path: None)
-    assert table_version(spark, str(tmp_path / "_published")) is None
+def test_the_statement_sees_a_rollback_by_another_process(tmp_path, ledger, monkeypatch):
+    monkeypatch.setattr(st, "specs_for_family", lambda releases_dir, family: [])
+    monkeypatch.setattr(st, "load_release_summaries", lambda spark, **kw: [])
+    monkeypatch.setattr(st, "privacy_statement",
+                        lambda family, specs, led, summaries, rows, **kw: {"v": [(r["release_id"], r["state"])
+                                                                                for r in rows]})
+    monkeypatch.setattr(st, "write_statement", lambda out_dir, d, force=False: (tmp_path / "s.json", tmp_path / "s.md"))
+    record_publications(ledger, [("fam", "r1"), ("aov", "a1"), ("fam", "r2")], "bob")
+    assert _build(tmp_path, ledger)[0]["v"] == [("r1", "superseded"), ("r2", "current")]
+    with open_ledger(f"sqlite:{tmp_path / 'ledger.db'}") as other:
+        rollback(other, "fam", "carol", "bad")  # another process, its own connection
+    assert _build(tmp_path, ledger)[0]["v"] == [("r1", "current"), ("r2", "withdrawn")]

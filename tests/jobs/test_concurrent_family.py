@@ -123,7 +123,8 @@ def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input):
     import shutil
 
     from dp_spark.config import load_env
-    from dp_spark.governance.versions import history, published_path_for
+    from dp_spark.governance.versions import history
+    from dp_spark.ledger import open_ledger
 
     env_file = write_env(tmp_path, lease_seconds=300)  # a live run's lease outlasts this test
     shutil.copytree(small_input, tmp_path / "wh" / "input" / "demo_events")
@@ -152,7 +153,8 @@ def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input):
     assert len(rids) == len(DAYS)
 
     env = load_env(env_file)
-    versions = history(spark, published_path_for(env.output_root), "dau_daily")
+    with open_ledger(env.ledger_url) as led:
+        versions = history(led, "dau_daily")
     assert sorted(v["release_id"] for v in versions) == sorted(rids)  # each versioned exactly once
     assert sorted(v["version_no"] for v in versions) == list(range(1, len(DAYS) + 1))
     assert [v["state"] for v in versions].count("current") == 1

@@ -80,7 +80,7 @@ def test_min_group_size_on_noisy_counts_is_recorded(spark, warehouse):
 
 def test_rollback_restores_previous_version_without_refund(spark, warehouse, capsys, monkeypatch):
     from dp_spark.cli import rollback_main
-    from dp_spark.governance.versions import current_release_id, history, published_path_for
+    from dp_spark.governance.versions import current_release_id, history
 
     env = load_env(warehouse)
     eng = engine(spark, warehouse, "publisher_bob")
@@ -89,16 +89,15 @@ def test_rollback_restores_previous_version_without_refund(spark, warehouse, cap
     path = env.datasets["demo_events"]
     spark.read.format("delta").load(path).limit(3).write.format("delta").mode("append").save(path)
     second = eng.publish(spec)
-    pub = published_path_for(env.output_root)
-    assert current_release_id(spark, pub, "dau_daily") == second.release_id
+    assert current_release_id(eng.ledger, "dau_daily") == second.release_id
     spent = eng.ledger.status("demo_events_user").spent
 
     monkeypatch.setenv("DP_SPARK_PRINCIPAL", "publisher_bob")
     assert rollback_main(["--env", str(warehouse), "--family", "dau_daily", "--reason", "bad input"]) == 2
     monkeypatch.setenv("DP_SPARK_PRINCIPAL", "admin_carol")
     assert rollback_main(["--env", str(warehouse), "--family", "dau_daily", "--reason", "bad input"]) == 0
-    assert current_release_id(spark, pub, "dau_daily") == first.release_id
-    states = [h["state"] for h in history(spark, pub, "dau_daily")]
+    assert current_release_id(eng.ledger, "dau_daily") == first.release_id
+    states = [h["state"] for h in history(eng.ledger, "dau_daily")]
     assert sorted(states) == ["current", "withdrawn"]
     assert eng.ledger.status("demo_events_user").spent == spent  # no refund
     statement = json.loads((Path(env.warehouse) / "statements" / "dau_daily.json").read_text())
@@ -107,21 +106,20 @@ def test_rollback_restores_previous_version_without_refund(spark, warehouse, cap
     # the release table keeps both releases (history), the published view only the current one
     from dp_spark.governance.versions import published_view
 
-    view = published_view(spark, f"{env.output_root}/dau_daily", pub, "dau_daily")
+    view = published_view(spark, f"{env.output_root}/dau_daily", eng.ledger, "dau_daily")
     assert {r["release_id"] for r in view.select("release_id").distinct().collect()} == {first.release_id}
 
 
 def test_deferred_engine_versions_the_batch_at_finish_and_a_rerun_heals(spark, warehouse):
-    from dp_spark.governance.versions import current_release_id, history, published_path_for
+    from dp_spark.governance.versions import current_release_id, history
 
     env = load_env(warehouse)
-    pub = published_path_for(env.output_root)
     spec = register(warehouse, "dau_daily")
     eng = engine(spark, warehouse, "publisher_bob", refresh="deferred")
     first = eng.publish(spec)
     assert first.status == "published"
     # published (table and ledger) but not yet versioned: that waits for finish()
-    assert current_release_id(spark, pub, "dau_daily") is None
+    assert current_release_id(eng.ledger, "dau_daily") is None
     statement = Path(env.warehouse) / "statements" / "dau_daily.json"
     assert not statement.exists()
     # the engine "crashes" here: a new engine's rerun is a cache hit, and its finish() heals
@@ -129,8 +127,8 @@ def test_deferred_engine_versions_the_batch_at_finish_and_a_rerun_heals(spark, w
     hit = again.publish(spec)
     assert hit.status == "cache_hit" and hit.release_id == first.release_id and hit.charge is None
     again.finish()
-    assert current_release_id(spark, pub, "dau_daily") == first.release_id
-    assert [h["version_no"] for h in history(spark, pub, "dau_daily")] == [1]
+    assert current_release_id(eng.ledger, "dau_daily") == first.release_id
+    assert [h["version_no"] for h in history(eng.ledger, "dau_daily")] == [1]
     assert first.release_id in statement.read_text()
     eng.finish()  # the crashed engine's pending record is idempotent
-    assert [h["state"] for h in history(spark, pub, "dau_daily")] == ["current"]
+    assert [h["state"] for h in history(eng.ledger, "dau_daily")] == ["current"]

@@ -1,9 +1,10 @@
-"""The ledger's Delta mirror is refreshed off the release's critical path.
+"""The Delta tables derived from the SQL ledger are refreshed off the release's critical path.
 
-``publish`` (``refresh="each"``) and ``finish`` (``"deferred"``) start the mirror's refresh in a
-background thread and return without waiting for it; ``Engine.close()`` (the CLI, ``with
-Engine(...)``, the one-shot ``publish()`` and the interpreter's exit) waits until the mirror
-equals the SQL ledger. These tests hold the refresh at a gate to show both halves."""
+``publish`` (``refresh="each"``) and ``finish`` (``"deferred"``) start the refresh of the
+ledger's mirror and of ``_published`` (the version record's copy) in a background thread and
+return without waiting for it; ``Engine.close()`` (the CLI, ``with Engine(...)``, the one-shot
+``publish()`` and the interpreter's exit) waits until they equal the SQL ledger. These tests
+hold the refresh at a gate to show both halves."""
 
 from __future__ import annotations
 
@@ -48,20 +49,32 @@ def _ledger(eng) -> set[tuple[str, str]]:
     return {(e.release_id, e.state) for e in eng.ledger.entries(BUDGET)}
 
 
+def _published(spark, env) -> set[tuple[str, int, str, str]]:
+    return {(r["family"], r["version_no"], r["release_id"], r["state"])
+            for r in spark.read.format("delta").load(published_path_for(env.output_root)).collect()}
+
+
+def _versions(eng) -> set[tuple[str, int, str, str]]:
+    return {(v.family, v.version_no, v.release_id, v.state) for v in eng.ledger.versions()}
+
+
 def test_publish_returns_before_the_mirror_refresh_and_close_waits_for_it(spark, warehouse, gated):
     entered, gate = gated
     env = load_env(warehouse)
     eng = Engine(env, spark=spark, principal="publisher_bob")  # refresh="each"
     result = eng.publish(register(warehouse, "dau_daily"))
     assert result.status == "published"
-    # versioned and stated before publish returned; the mirror is still held at the gate
-    assert current_release_id(spark, published_path_for(env.output_root), result.family) == result.release_id
+    # versioned (in the ledger) and stated before publish returned; the derived tables are
+    # still held at the gate
+    assert current_release_id(eng.ledger, result.family) == result.release_id
     assert entered.wait(60)
     assert eng.close(timeout=0.2) is False
     assert not Path(env.ledger_mirror, "_delta_log").exists()
+    assert not Path(published_path_for(env.output_root), "_delta_log").exists()
     gate.set()
     assert eng.close(timeout=120) is True
     assert _mirrored(spark, env) == _ledger(eng) == {(result.release_id, "committed")}
+    assert _published(spark, env) == _versions(eng) == {(result.family, 1, result.release_id, "current")}
 
 
 def test_finish_versions_the_batch_and_leaves_the_mirror_to_the_background(spark, warehouse, gated):
@@ -72,13 +85,14 @@ def test_finish_versions_the_batch_and_leaves_the_mirror_to_the_background(spark
         assert not entered.is_set()  # deferred: nothing started before finish
         eng.finish()
         for r in results:
-            assert current_release_id(spark, published_path_for(env.output_root), r.family) == r.release_id
+            assert current_release_id(eng.ledger, r.family) == r.release_id
             assert (statement_dir(env) / f"{r.family}.md").exists()
         assert entered.wait(60) and eng.close(timeout=0.2) is False
         gate.set()
     # leaving the block closed the engine: the mirror has caught up with both releases
     assert eng._mirror_task.idle
     assert _mirrored(spark, env) == _ledger(eng) == {(r.release_id, "committed") for r in results}
+    assert _published(spark, env) == _versions(eng) == {(r.family, 1, r.release_id, "current") for r in results}
 
 
 def test_one_shot_publish_and_the_exit_hook_wait_for_the_mirror(spark, warehouse, gated):
@@ -105,39 +119,9 @@ def test_one_shot_publish_and_the_exit_hook_wait_for_the_mirror(spark, warehouse
                                                      (second.release_id, "committed")}
 
 
-def test_the_versions_warm_up_runs_beside_the_release_and_close_waits_for_it(spark, warehouse, monkeypatch):
-    """An official release of a batch that will version several families in one MERGE asks a
-    background task to reconstruct the versions table's Delta state while it aggregates
-    (``Engine._warm_versions``); publish never waits for it (the MERGE computes what it needs),
-    close() does. A release whose record is one family's (no MERGE) and exploration releases
-    never ask for it."""
-    entered, gate = threading.Event(), threading.Event()
-    real = Engine._warm_versions
-
-    def held(self):
-        entered.set()
-        assert gate.wait(120)
-        return real(self)
-
-    monkeypatch.setattr(Engine, "_warm_versions", held)
+def test_an_exploration_engine_writes_no_published_table(spark, warehouse):
     env = load_env(warehouse)
-    single = Engine(env, spark=spark, principal="publisher_bob")
-    result = single.publish(register(warehouse, "dau_daily"))
-    assert result.status == "published"
-    assert current_release_id(spark, published_path_for(env.output_root), result.family) == result.release_id
-    assert single.close(timeout=120) is True and single._warm_task.runs == 0
-    try:
-        eng = Engine(env, spark=spark, principal="publisher_bob", refresh="deferred")
-        assert eng.publish(register(warehouse, "aov_by_region")).status == "published"
-        assert eng._warm_task.runs == 0 and not entered.is_set()  # one family so far
-        assert eng.publish(register(warehouse, "orders_by_day_region")).status == "published"
-        assert entered.wait(60)
-        eng.finish()  # the MERGE of both families' records does not wait for the warm-up
-        assert eng.close(timeout=0.2) is False and eng._warm_task.runs == 0
-    finally:
-        gate.set()
-    assert eng.close(timeout=120) is True and eng._warm_task.runs == 1
-    explore = Engine(env, spark=spark, principal="analyst_alice", mode="exploration", refresh="deferred")
-    explore.publish(register(warehouse, "aov_by_region"))
-    assert explore.publish(register(warehouse, "dau_daily")).status == "published"
-    assert explore.close(timeout=120) is True and explore._warm_task.runs == 0
+    with Engine(env, spark=spark, principal="analyst_alice", mode="exploration") as explore:
+        assert explore.publish(register(warehouse, "dau_daily")).status == "published"
+    assert explore.ledger.versions() == []
+    assert not Path(published_path_for(env.output_root)).exists()

@@ -255,11 +255,8 @@ def test_takeover_while_the_first_run_lives_its_write_is_skipped(spark, warehous
 
     def hook(real, s, p, rows, **kw):
         if threading.current_thread().name == "run_a":
-            assert kw.get("sole_writer") is not None  # A's reservation was fresh
             hook.a_at_write.set()
             assert b_done.wait(300)
-        else:
-            assert kw.get("sole_writer") is None  # B took the reservation over: it looks the key up
         return real(s, p, rows, **kw)
 
     hook.a_at_write = threading.Event()
@@ -268,31 +265,32 @@ def test_takeover_while_the_first_run_lives_its_write_is_skipped(spark, warehous
     assert a.status == "cache_hit"
 
 
-def test_takeover_inside_the_first_runs_commit_makes_it_fail(spark, warehouse, monkeypatch):
-    """Run A's fresh write takes the transaction path (no key lookup): its snapshot is read and
-    the ledger still names it owner. It stalls between writing its files and committing them,
-    past its lease; B takes over, writes and returns. A's commit must then fail (it declared
-    the release's key read) rather than land a second draw, and A must return B's cells."""
-    b_done = threading.Event()
+def test_takeover_inside_the_first_runs_commit_makes_it_fail(spark, warehouse, monkeypatch, tmp_path):
+    """Run A's write (a fresh reservation) is held in the middle of its Delta commit: Delta has
+    read its snapshot and looked the release's key up (absent), and A's Spark job is writing its
+    files. A's lease runs out; B takes over, writes and returns. A's commit must then fail
+    (Delta's conflict check on the key it read) rather than land a second draw, and A must
+    return B's cells."""
+    import dp_spark.release.writer as writer_mod
+    from tests.spark.stall import release, stalled, wait_started
+
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    real_frame = writer_mod._cells_frame
+    monkeypatch.setattr(writer_mod, "_cells_frame", lambda s, rows: stalled(real_frame(s, rows), sync)
+                        if threading.current_thread().name == "run_a" else real_frame(s, rows))
 
     def hook(real, s, p, rows, **kw):
         if threading.current_thread().name == "run_a":
-            proven = []
-
-            def sole_writer():
-                proven.append(kw["sole_writer"]())
-                return proven[-1]
-
-            def stall():
-                assert proven == [True]  # the transaction path, after the ownership check
-                hook.a_at_write.set()
-                assert b_done.wait(300)
-
-            return real(s, p, rows, sole_writer=sole_writer, _before_commit=stall)
+            threading.Thread(target=lambda: (wait_started(sync), hook.a_at_write.set()), daemon=True).start()
         return real(s, p, rows, **kw)
 
+    class Go:  # _takeover's "let A go on": the held Spark task's file
+        def set(self):
+            release(sync)
+
     hook.a_at_write = threading.Event()
-    a, b = _takeover(spark, warehouse, monkeypatch, hook, b_done)
+    a, b = _takeover(spark, warehouse, monkeypatch, hook, Go())
     assert b.status == "published" and b.charge is None
     assert a.status == "cache_hit"
 

@@ -438,3 +438,140 @@ def test_quick_status_equals_the_full_status(ledger, policy, clock, window, days
         clock.advance(hours=rng.choice([1, 5, 13, 30]))
         for probe in (clock.now, clock.now + timedelta(hours=7)):
             assert ledger.status("b", probe, full=False) == ledger.status("b", probe), (i, probe)
+
+
+# -- the version record of release families --------------------------------------------
+def _states(ledger, family):
+    return [(v.version_no, v.release_id, v.state) for v in ledger.versions(family)]
+
+
+def test_versions_publish_supersede_and_are_idempotent_per_release(ledger, policy, clock):
+    from dp_spark.ledger.base import VersionRecord
+
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.1"))
+    assert ledger.versions() == [] and ledger.versions_snapshot() == (0, [])
+    assert ledger.record_versions([("dau", "r1")], "bob") == [1]
+    v = ledger.versions("dau")[0]
+    assert isinstance(v, VersionRecord) and (v.state, v.principal, v.at, v.changed_by, v.changed_at) == (
+        "current", "bob", clock.now, None, None)
+    clock.advance(seconds=5)
+    assert ledger.record_versions([("dau", "r2")], "carol") == [2]
+    assert _states(ledger, "dau") == [(1, "r1", "superseded"), (2, "r2", "current")]
+    old = ledger.versions("dau")[0]
+    assert (old.changed_by, old.changed_at) == ("carol", clock.now)
+    seq = ledger.versions_snapshot()[0]
+    # a rerun (cache hit) of either release changes nothing, not even the change count
+    assert ledger.record_versions([("dau", "r1"), ("dau", "r2")], "bob") == [1, 2]
+    assert _states(ledger, "dau") == [(1, "r1", "superseded"), (2, "r2", "current")]
+    assert ledger.versions_snapshot()[0] == seq
+    # a batch, in order: each new release supersedes the one before, per family
+    assert ledger.record_versions([("aov", "a1"), ("dau", "r3"), ("aov", "a2"), ("dau", "r2")], "bob") == [1, 3, 2, 2]
+    assert _states(ledger, "aov") == [(1, "a1", "superseded"), (2, "a2", "current")]
+    assert _states(ledger, "dau")[-1] == (3, "r3", "current")
+    assert ledger.versions_snapshot()[0] == seq + 1  # one transaction, one change
+    assert [v.family for v in ledger.versions()] == ["aov", "aov", "dau", "dau", "dau"]
+    assert ledger.record_versions([], "bob") == []
+    with pytest.raises(LedgerError):
+        ledger.record_versions([("", "r9")], "bob")
+
+
+def test_withdraw_restores_the_previous_version_and_a_withdrawn_release_stays_out(ledger, clock):
+    for rid in ("r1", "r2", "r3"):
+        ledger.record_versions([("dau", rid)], "bob")
+    clock.advance(minutes=1)
+    assert ledger.withdraw_version("dau", "admin_carol", "wrong filter") == ("r3", "r2")
+    assert _states(ledger, "dau") == [(1, "r1", "superseded"), (2, "r2", "current"), (3, "r3", "withdrawn")]
+    w = ledger.versions("dau")[2]
+    assert (w.reason, w.changed_by, w.changed_at) == ("wrong filter", "admin_carol", clock.now)
+    assert ledger.record_versions([("dau", "r3")], "bob") == [3]  # a rerun does not bring it back
+    assert ledger.versions("dau")[2].state == "withdrawn"
+    assert ledger.withdraw_version("dau", "admin_carol", "again") == ("r2", "r1")
+    assert ledger.withdraw_version("dau", "admin_carol", "again") == ("r1", None)
+    with pytest.raises(ConfigError, match="no current version"):
+        ledger.withdraw_version("dau", "admin_carol", "nothing left")
+    with pytest.raises(ConfigError, match="no current version"):
+        ledger.withdraw_version("never", "admin_carol", "x")
+    assert ledger.record_versions([("dau", "r4")], "bob") == [4]
+    assert [v.state for v in ledger.versions("dau")] == ["withdrawn"] * 3 + ["current"]
+
+
+def test_versions_are_macd_and_guarded(ledger_factory, clock):
+    from dp_spark.errors import LedgerIntegrityError
+
+    led = ledger_factory(clock=clock)
+    led.record_versions([("dau", "r1")], "bob")
+    led.record_versions([("dau", "r2")], "bob")
+    for sql in ("DELETE FROM dp_versions", "UPDATE dp_versions SET release_id = 'rX' WHERE version_no = 1",
+                "UPDATE dp_versions SET state = 'current' WHERE version_no = 1"):
+        with pytest.raises(Exception):  # the guards, or the one-current index
+            ledger_factory.raw(sql)
+    led.withdraw_version("dau", "admin_carol", "x")  # r2 withdrawn, r1 current
+    with pytest.raises(Exception):
+        ledger_factory.raw("UPDATE dp_versions SET state = 'superseded' WHERE version_no = 2")
+    ledger_factory.drop_guards()  # an insider: the MAC still tells
+    led.verify()
+    ledger_factory.raw("UPDATE dp_versions SET principal = 'mallory' WHERE version_no = 1")
+    with pytest.raises(LedgerIntegrityError, match="version 1 of family 'dau'"):
+        led.versions("dau")
+    with pytest.raises(LedgerIntegrityError, match="version 1 of family 'dau' edited"):
+        led.verify()
+
+
+def test_an_older_ledger_gains_the_version_record_on_open(ledger_factory, policy):
+    with ledger_factory() as led:
+        led.register_budget(policy("b", cap=1))
+        reserve(led, "r1", PureDP("0.1"))
+    ledger_factory.raw("DROP TABLE dp_versions")  # (its index and guards go with it)
+    with ledger_factory() as led:
+        led.verify()
+        assert led.find("r1").seq == 1 and led.versions() == []
+        assert led.record_versions([("fam", "r1")], "bob") == [1]
+    with ledger_factory() as led:  # and opens again as it is
+        assert _states(led, "fam") == [(1, "r1", "current")]
+    with pytest.raises(Exception):
+        ledger_factory.raw("DELETE FROM dp_versions")  # guarded as in a new ledger
+
+
+def test_import_versions_adopts_a_history_once(ledger, clock):
+    from dp_spark.ledger.base import VersionRecord
+
+    t = clock.now
+    old = [VersionRecord("dau", 1, "r1", "withdrawn", "bad", "bob", t, "carol", t),
+           VersionRecord("dau", 2, "r2", "current", None, "bob", t, None, None)]
+    assert ledger.import_versions(old) is True
+    assert ledger.versions("dau") == old and ledger.versions_snapshot()[0] == 1
+    assert ledger.import_versions([VersionRecord("aov", 1, "a1", "current", None, "bob", t, None, None)]) is False
+    assert ledger.record_versions([("dau", "r3")], "bob") == [3]
+    with pytest.raises(LedgerError):
+        ledger.import_versions([VersionRecord("x", 1, "r", "bogus", None, "bob", t, None, None)])
+
+
+def test_concurrent_version_records_leave_one_current_and_distinct_numbers(ledger_factory, policy):
+    import threading
+
+    with ledger_factory() as led:
+        led.register_budget(policy("b", cap=10))
+        for i in range(8):
+            reserve(led, f"c{i}", PureDP("0.1"), owner=f"o{i}")
+    ledgers = [ledger_factory() for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def run(k):
+        try:
+            for j in range(2):
+                ledgers[k].record_versions([("fam", f"c{2 * k + j}")], f"p{k}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    vs = ledgers[0].versions("fam")
+    assert sorted(v.version_no for v in vs) == list(range(1, 9))
+    assert sorted(v.release_id for v in vs) == [f"c{i}" for i in range(8)]
+    assert sum(v.state == "current" for v in vs) == 1 and vs[-1].state == "current"
+    assert ledgers[0].versions_snapshot()[0] == 8

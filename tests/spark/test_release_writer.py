@@ -56,26 +56,32 @@ def test_write_refuses_mixed_or_empty_releases(spark, tmp_path):
         W.write_release(spark, str(tmp_path / "x"), _rows("a", 1.0) + _rows("b", 1.0))
 
 
-def test_pin_fast_path_agrees_with_sql_and_follows_new_versions(spark, tmp_path):
+def test_pin_follows_new_versions_and_reads_the_pinned_one(spark, tmp_path):
     path = str(tmp_path / "input")
     spark.range(5).write.format("delta").save(path)
-    fast = W._fast_snapshot(spark, path)
-    assert fast is not None, "the classic-session fast path is not available"  # it must not silently rot
-    assert fast == W._sql_snapshot(spark, path) == W.pin_snapshot(spark, path)
+    first = W.pin_snapshot(spark, path)
+    assert first.version == 0 and first.table_id
     spark.range(2).write.format("delta").mode("append").save(path)
     after = W.pin_snapshot(spark, path)
-    assert after.version == fast.version + 1 and after.table_id == fast.table_id
-    assert after == W._sql_snapshot(spark, path)
-    assert after.reader(spark).count() == 7 and fast.reader(spark).count() == 5
+    assert after.version == first.version + 1 and after.table_id == first.table_id
+    assert after.reader(spark).count() == 7 and first.reader(spark).count() == 5
 
 
 def test_pin_of_a_non_delta_location_names_it(spark, tmp_path):
     plain = tmp_path / "parquet"
     spark.range(3).write.parquet(str(plain))
     for where in (str(plain), str(tmp_path / "missing")):
-        assert W._fast_snapshot(spark, where) is None
         with pytest.raises(SchemaError, match="not a readable Delta table|not a Delta table"):
             W.pin_snapshot(spark, where)
+
+
+def test_latest_commit_is_the_tables_last_version(spark, tmp_path):
+    path = str(tmp_path / "rel")
+    assert W.latest_commit(spark, path) is None  # no table
+    W.ensure_release_table(spark, path)
+    W.write_release(spark, path, _rows("r", 1.0))
+    head = W.latest_commit(spark, path)
+    assert head["version"] == 1 and head["operation"] == "WRITE"
 
 
 def test_prepare_release_write_is_harmless(spark, tmp_path):
@@ -89,3 +95,20 @@ def test_prepare_release_write_is_harmless(spark, tmp_path):
     W.prepare_release_write(spark, path)
     W.write_release(spark, path, _rows("r", 2.0))  # still recognised as written
     assert W.same_cells(W.read_release(spark, path, "r"), _rows("r", 1.0))
+
+
+def test_prepare_release_write_takes_the_key_lookup_off_the_write(spark, tmp_path):
+    """The idempotent append looks its key up in the table's Delta state; resolved ahead by
+    ``prepare_release_write`` (``DESCRIBE DETAIL``), the write itself runs fewer Spark jobs."""
+    from tests.spark.spark_jobs import jobs
+
+    path = str(tmp_path / "rel")
+    W.ensure_release_table(spark, path)
+    W.write_release(spark, path, _rows("r0", 1.0))
+    counts = {}
+    for i, prepared in enumerate((False, True)):
+        W.write_release(spark, path, _rows(f"n{i}", 1.0))  # a new snapshot for each measured write
+        if prepared:
+            W.prepare_release_write(spark, path)
+        counts[prepared] = jobs(spark, lambda: W.write_release(spark, path, _rows(f"m{i}", 1.0)))[1]
+    assert counts[True] < counts[False], counts
