@@ -2,7 +2,7 @@
 
 * :mod:`dp_spark.cli.app` -- the commands (publish, plan, validate, explore, refresh, backfill,
   rollback, generate-demo, schema) and :func:`main`;
-* :mod:`dp_spark.cli.budget` -- the ``budget`` group (``python -m dp_spark.cli.budget`` too);
+* :mod:`dp_spark.cli.budget` -- the ``budget`` group;
 * :mod:`dp_spark.cli.base` -- help layout, exit codes, error lines, a closed pipe.
 
 The CLI is the top of the stack: it imports :mod:`dp_spark.commands` (what each command does),

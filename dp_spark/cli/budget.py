@@ -7,7 +7,7 @@ allows, spent, and on what.
     dp-spark budget rebuild-mirror [--env ENV]   (starts Spark; writes the mirror only)
     dp-spark budget accept-policy --budget ID --reason TEXT [--env ENV]   (admin)
 
-``python -m dp_spark.cli.budget SUBCOMMAND ...`` is the same. Every subcommand takes ``--env ENV``
+``python -m dp_spark.cli budget SUBCOMMAND ...`` is the same. Every subcommand takes ``--env ENV``
 (before or after the subcommand; default: ``$DP_SPARK_ENV``, else the project's
 ``conf/envs/local.yaml``; see docs/cli.md): the ledger and the budget policy file are the env
 file's, resolved against the env file's project root, never the current directory.
@@ -35,7 +35,7 @@ import click
 from dp_spark import commands
 from dp_spark.accountant import Accountant
 from dp_spark.budget import MEASURES, Budget
-from dp_spark.cli.base import Group, closed_pipe_safe, env_option, run
+from dp_spark.cli.base import Group, env_option, run
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.base import BudgetStatus, Ledger, LedgerEntry, UnknownBudgetError, ts_text
@@ -43,7 +43,7 @@ from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.precheck import LedgerNotFoundError, require_existing_ledger
 
 __all__ = ["BUDGET_SUBCOMMANDS", "LEDGER_URL_ENV", "LedgerNotFoundError", "as_epsilon", "budget",
-           "budget_command", "fmt_budget", "main"]
+           "budget_command", "fmt_budget"]
 
 LEDGER_URL_ENV = "DP_SPARK_LEDGER_URL"
 BUDGET_HELP = "budgets: status, history, verify, rebuild-mirror, accept-policy"
@@ -405,11 +405,3 @@ def budget_command(argv: Sequence[str], *, out: TextIO | None = None, err: TextI
     except SystemExit as exc:  # a usage error (2) or --help (0)
         return int(exc.code or 0)
 
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m dp_spark.cli.budget ...``: the same as ``dp-spark budget ...``."""
-    return closed_pipe_safe(lambda: budget_command(sys.argv[1:] if argv is None else list(argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

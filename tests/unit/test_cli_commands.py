@@ -269,14 +269,14 @@ def test_explore_is_the_epsilon_explorer(tmp_path, capsys):
 @pytest.mark.parametrize("module,argv", [
     ("dp_spark.cli", ["budget", "history", "--budget", "demo_events_user"]),
     ("dp_spark.cli", ["budget", "status"]),
-    ("dp_spark.cli.budget", ["history", "--budget", "demo_events_user"]),
+    ("dp_spark.cli", ["budget", "--env", "{env}", "history", "--budget", "demo_events_user"]),
 ])
 def test_a_closed_pipe_ends_quietly(module, argv, tmp_path):
     env = make_project(tmp_path)
     spend(tmp_path, releases=1500, charge="0.001")  # far more output than a pipe buffer holds
     environ = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     environ.pop("DP_SPARK_LEDGER_URL", None)
-    cmd = " ".join([sys.executable, "-m", module, *argv, "--env", str(env)])
+    cmd = " ".join([sys.executable, "-m", module, *(a.format(env=env) for a in argv), "--env", str(env)])
     proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} 2>{tmp_path / 'err'} | head -1; "
                                          "echo \"status=${PIPESTATUS[0]}\""],
                           cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
