@@ -282,6 +282,10 @@ Reads no data, starts no Spark session, writes nothing (a refused principal is n
 Exit 0 when every spec is valid, 2 otherwise (each error printed)."""
 
 
+#: where validate's principal came from (commands.checker)
+_FROM = {"given": "--principal", "env": "$DP_SPARK_PRINCIPAL", "os": "the OS user"}
+
+
 @_command("validate", "check release specs against the env and its budget policies: no data read",
           VALIDATE_DESCRIPTION, VALIDATE_EPILOG)
 @env_option()
@@ -303,7 +307,8 @@ def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str]
             found = checker.check(spec)
             print(f"{path}: ok ({spec.name}, version {spec.version()}, {spec.cells} cells)")
             left = found.budget
-            print(f"   access: {found.principal} may publish it ({mode})")
+            print(f"   access: {found.principal} ({_FROM.get(checker.principal_source, checker.principal_source)}) "
+                  f"may publish it ({mode})")
             # the amounts as the budget accounts them (plan adds epsilon: OpenDP takes ~0.5 s to load)
             print(f"   budget {spec.budget_id}: remaining now {left.remaining}"
                   f"{' (no ledger yet)' if left.ledger_path else ''}; after this release: {left.after}")

@@ -312,7 +312,7 @@ def test_validate_checks_the_access_policy_for_the_principal(tmp_path, monkeypat
     env, spec = _registered_project(tmp_path)
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"], capsys)
     assert rc == 0, err
-    assert ": ok (aov_by_region" in out and "access: publisher_bob may publish it (official)" in out
+    assert ": ok (aov_by_region" in out and "access: publisher_bob (--principal) may publish it (official)" in out
     assert "no ledger yet" in out and "checked against the input's schema at publish" in out
     # an analyst may not publish officially; an unlisted principal gets nothing (default deny)
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "analyst_alice"], capsys)
@@ -322,7 +322,7 @@ def test_validate_checks_the_access_policy_for_the_principal(tmp_path, monkeypat
     assert rc == 2 and "not listed in the access policy" in err
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "analyst_alice",
                           "--mode", "exploration"], capsys)
-    assert rc == 0 and "analyst_alice may publish it (exploration)" in out, err
+    assert rc == 0 and "analyst_alice (--principal) may publish it (exploration)" in out, err
     # without --principal: the one a job here runs as ($DP_SPARK_PRINCIPAL on a test or local env)
     monkeypatch.setenv("DP_SPARK_PRINCIPAL", "analyst_alice")
     rc, _, err = _exit(["validate", "--env", str(env), "--conf", str(spec)], capsys)
