@@ -39,7 +39,7 @@ import yaml
 
 from dp_spark.errors import ConfigError
 
-__all__ = ["release", "dates", "private", "ReleaseBuilder", "plan_table"]
+__all__ = ["release", "dates", "private", "ReleaseBuilder", "plan_table", "schema_reference"]
 
 
 def dates(start: Union[str, date], end: Union[str, date]) -> dict[str, Any]:
@@ -55,6 +55,29 @@ def private(max_keys: int, *, share: Optional[float] = None) -> dict[str, Any]:
     if share is not None:
         pk["share"] = share
     return {"private_keys": pk}
+
+
+#: the first line of a spec file: editors (yaml-language-server) complete and check it
+SCHEMA_HEADER = "# yaml-language-server: $schema={}"
+SCHEMA_FILE = "release-spec.schema.json"
+
+
+def schema_reference(path: Union[str, Path, None]) -> Optional[str]:
+    """The path of the project's release-spec JSON Schema relative to the folder of the spec
+    file ``path`` (``../release-spec.schema.json`` for ``conf/releases/x.yaml``): the first
+    ``release-spec.schema.json`` or ``conf/release-spec.schema.json`` found in the folder or
+    one of its parents; None when there is none. Without a path: the reference of a file in
+    ``conf/releases/``."""
+    import os
+
+    if path is None:
+        return f"../{SCHEMA_FILE}"
+    folder = Path(path).resolve().parent
+    for d in (folder, *folder.parents):
+        for candidate in (d / SCHEMA_FILE, d / "conf" / SCHEMA_FILE):
+            if candidate.is_file():
+                return Path(os.path.relpath(candidate, folder)).as_posix()
+    return None
 
 
 def release(name: str) -> "ReleaseBuilder":
@@ -196,23 +219,37 @@ class ReleaseBuilder:
         return {k: d[k] for k in order if k in d}
 
     def to_yaml(self, path: Union[str, Path, None] = None) -> str:
-        """The spec as YAML (written to ``path`` when given, e.g. to pre-register it)."""
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        """The spec as YAML (written to ``path`` when given, e.g. to pre-register it under
+        ``conf/releases/``), headed like the shipped specs by the ``yaml-language-server``
+        comment that points editors at the project's JSON Schema
+        (``conf/release-spec.schema.json``): relative to ``path``'s folder when the schema is
+        found in it or one of its parents (as ``conf/`` or beside it), the conventional
+        ``../release-spec.schema.json`` of ``conf/releases/`` when no path is given, and no
+        header when a path has no schema above it. The comment changes nothing in the spec
+        (nor its version or release id)."""
+        ref = schema_reference(path)
+        body = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text = (SCHEMA_HEADER.format(ref) + "\n" + body) if ref is not None else body
         if path is not None:
             Path(path).write_text(text)
         return text
 
     def for_policies(self, policies) -> "ReleaseBuilder":
         """The builder with its budget id filled in from ``policies`` ({id: BudgetPolicy}) when
-        :meth:`charge` named none: the one policy of the dataset in the charge's measure."""
+        :meth:`charge` named none: the one policy of the dataset in the charge's measure. When
+        there is none or more than one, the error lists the declared budgets and names the
+        field to add (``budget.id``: ``charge(..., budget='ID')``)."""
         b = self._data.get("budget")
         if b is None or b.get("id") is not None:
             return self
-        ids = sorted(i for i, p in policies.items()
-                     if p.dataset == self._data.get("dataset") and p.measure == b["measure"])
+        dataset = self._data.get("dataset")
+        ids = sorted(i for i, p in policies.items() if p.dataset == dataset and p.measure == b["measure"])
         if len(ids) != 1:
-            raise ConfigError(f"charge(): {len(ids)} {b['measure']} budget policies govern dataset "
-                              f"'{self._data.get('dataset')}' ({ids}); name one with charge(budget=...)")
+            declared = ", ".join(f"{i} ({p.measure} on '{p.dataset}')" for i, p in sorted(policies.items()))
+            raise ConfigError(
+                f"charge(): {len(ids)} {b['measure']} budget policies govern dataset '{dataset}'"
+                f"{f' ({ids})' if ids else ''}; name one with charge(..., budget='ID') (field budget.id). "
+                f"Declared budgets: {declared or 'none'}")
         return self._with(budget=dict(b, id=ids[0]))
 
     def spec(self, source: str = "<python api>"):
@@ -225,12 +262,41 @@ class ReleaseBuilder:
                                   "them in by(...) or keys(...), or private(max_keys) to find them privately")
         return release_spec_from_dict(self.to_dict(), source=source)
 
-    def plan(self, *, group_size: Optional[int] = None, budget_policy=None):
+    def plan(self, *, group_size: Optional[int] = None, budget_policy=None, env=None):
         """Per statistic, from public parameters only (no data read, nothing charged): its
         components with their share of the charge, sensitivity, mechanism and noise scale, and
         the expected error and interval half-width per cell at ``group_size`` rows (default:
-        the statistic's ``assumed_group_size``). See :func:`plan_table`."""
-        return plan_table(self.spec(), group_size=group_size, budget_policy=budget_policy)
+        the statistic's ``assumed_group_size``). See :func:`plan_table`.
+
+        The budget is resolved as :meth:`publish` resolves it: when :meth:`charge` named none,
+        the one policy that governs the dataset in the charge's measure fills it in, taken
+        from ``budget_policy`` when given (it must govern the dataset in that measure), else
+        from the budget policies of ``env`` (an :class:`~dp_spark.config.EnvConfig` or an env
+        file; default: the env the CLI uses, ``$DP_SPARK_ENV`` or the project's
+        ``conf/envs/local.yaml``). The policy found also gives the (epsilon, delta) statement
+        of the charge. When no budget can be found the error says which field to add."""
+        builder, policy = self._with_budget(budget_policy, env)
+        return plan_table(builder.spec(), group_size=group_size, budget_policy=policy)
+
+    def _with_budget(self, budget_policy, env) -> tuple["ReleaseBuilder", Any]:
+        """(the builder with its budget id filled in, the budget's policy or None)."""
+        b = self._data.get("budget")
+        if b is None:
+            raise ConfigError("no charge: call charge(rho=...) or charge(epsilon=...) (field 'budget') "
+                              "before plan() or publish()")
+        if budget_policy is not None:
+            builder = self.for_policies({budget_policy.budget_id: budget_policy})
+            return builder, budget_policy
+        try:
+            policies = _env_policies(env)
+        except ConfigError as exc:
+            if b.get("id") is not None:
+                return self, None  # the budget is named; only the (epsilon, delta) statement is missing
+            raise ConfigError("charge(): no budget named and no budget policies to look it up in: name it "
+                              "with charge(..., budget='ID') (field budget.id), or give plan(env=...) or "
+                              f"plan(budget_policy=...) ({exc})") from None
+        builder = self.for_policies(policies)
+        return builder, policies.get(builder._data["budget"]["id"])
 
     def publish(self, engine, *, as_pandas: bool = False):
         """Publish through ``engine`` (its mode, ledger, governance); returns the release's
@@ -250,6 +316,20 @@ class ReleaseBuilder:
 
         return engine.spark.read.format("delta").load(result.table_path).where(
             F.col("release_id") == result.release_id)
+
+
+def _env_policies(env) -> dict:
+    """The budget policies ({id: BudgetPolicy}) of ``env``: an EnvConfig, an env file, or None
+    for the env the CLI uses (``--env`` absent: ``$DP_SPARK_ENV``, else the project's
+    ``conf/envs/local.yaml``). Raises ConfigError when there is none."""
+    from dp_spark.ledger.policy import load_policies
+
+    if env is None or isinstance(env, (str, Path)):
+        from dp_spark.cli import resolve_env
+        from dp_spark.config import load_env
+
+        env = load_env(resolve_env(None if env is None else str(env)))
+    return load_policies(env.policies)
 
 
 def _registered_path(spec, engine) -> Path:

@@ -92,42 +92,56 @@ print(f"environment: {env.name} ({ENV_FILE}); group sizes {GROUP_SIZES}; budgets
 # MAGIC window's budget) and the average order value (a noisy sum over a noisy count). The chart
 # MAGIC shows rho with the epsilon of the (epsilon, delta) statement at the budget's delta above it,
 # MAGIC marks the spec's configured charge, and notes a group size too small for the interval to
-# MAGIC say anything.
+# MAGIC say anything. An interval that reaches the statistic's range (a mean held to [0, 500], a
+# MAGIC count at 0) is cut there, as the engine publishes it: the table shows the interval itself
+# MAGIC (`ci_low`, `ci_high`, `clipped`) and the chart draws such points hollow. A multi-statistic
+# MAGIC spec gets its plan and one panel per statistic (a spread, whose assumed true value is 0, in
+# MAGIC absolute error).
 
 # COMMAND ----------
 
 import pandas as pd  # noqa: E402
 
+from dp_spark.errors import DpSparkError  # noqa: E402
+
 results = {}
 for path in SPECS:
     spec = load_release_spec(path, run_date=run_date)
-    if getattr(spec, "metric", None) is None:  # a multi-statistic spec: its plan, per statistic
+    policy = policies.get(spec.budget_id)
+    multi = getattr(spec, "metric", None) is None  # a multi-statistic spec: every statistic, one panel each
+    if multi:  # its plan first, as dp-spark plan prints it
         from dp_spark.api import plan_table
 
-        plan = pd.DataFrame(plan_table(spec, budget_policy=policies.get(spec.budget_id)))
+        plan = pd.DataFrame(plan_table(spec, budget_policy=policy))
         nb.show(plan[["statistic", "kind", "mechanism", "share_of_charge", "group_size", "expected_abs_error",
                       "interval_half_width", "epsilon", "delta"]],
                 f"== {spec.name}: plan per statistic (multi-statistic spec, as dp-spark plan prints it)")
-        continue
-    stat = explorer.headline_statistic(spec)
+    stats = [s.name for s in spec.statistics] if multi else [explorer.headline_statistic(spec)]
     measure = spec.charge.MEASURE
     budget_name = "epsilon" if measure == "pure_dp" else "rho"
     configured = float(spec.charge.epsilon if measure == "pure_dp" else spec.charge.rho)
-    policy = policies.get(spec.budget_id)
     delta = None if policy is None or policy.statement_delta is None else float(policy.statement_delta)
     rows = explorer.explore(spec, GROUP_SIZES, BUDGETS)
-    table = pd.DataFrame([r for r in rows if r["statistic"] == stat])
-    nb.show(table[["budget", "group_size", "noise_stddev", "expected_abs_error", "halfwidth", "rel_halfwidth"]],
-            f"== {spec.name} ({stat}, {measure}; configured {budget_name} = {configured:g})")
+    table = pd.DataFrame([r for r in rows if r["statistic"] in stats])
+    nb.show(table[["statistic", "budget", "group_size", "noise_stddev", "expected_abs_error", "ci_low", "ci_high",
+                   "clipped", "rel_halfwidth"]],
+            f"== {spec.name} ({', '.join(stats)}, {measure}; configured {budget_name} = {configured:g}; "
+            "clipped: the interval reaches the statistic's range)")
     smallest = {}
-    for n in GROUP_SIZES:
-        b = explorer.smallest_budget(spec, n, TARGET)
-        smallest[n] = float(b.epsilon if budget_name == "epsilon" else b.rho)
-        print(f"   smallest {budget_name} for +-{TARGET:.0%} with groups of {n:,}: {smallest[n]:.4g}")
+    for stat in stats:
+        for n in GROUP_SIZES:
+            try:
+                b = explorer.smallest_budget(spec, n, TARGET, statistic=stat)
+            except DpSparkError as exc:  # e.g. a spread whose assumed true value is 0: no relative target
+                print(f"   {stat}: no smallest {budget_name} for groups of {n:,} ({exc})")
+                continue
+            smallest[(stat, n) if multi else n] = float(b.epsilon if budget_name == "epsilon" else b.rho)
+            print(f"   {stat}: smallest {budget_name} for +-{TARGET:.0%} with groups of {n:,}: "
+                  f"{smallest[(stat, n) if multi else n]:.4g}")
     fig = build_explorer_figure(
         rows, f"{spec.name}: assumed public group sizes {GROUP_SIZES}; {measure}; "
-        f"{float(spec.confidence):.0%} interval; no data read", statistic=stat, target=TARGET,
-        error_column="rel_halfwidth", configured=configured, delta=delta)
+        f"{float(spec.confidence):.0%} interval; no data read", statistic=stats if multi else stats[0],
+        target=TARGET, error_column="rel_halfwidth", configured=configured, delta=delta)
     nb.figure(fig, None if OUT is None else OUT / f"{spec.name}_explorer.png", spec.name)
     results[spec.name] = (rows, smallest)
 
@@ -148,6 +162,7 @@ for path in SPECS:
 # COMMAND ----------
 
 summary = pd.DataFrame(
-    [{"release": name, "group_size": n, "smallest_budget": b} for name, (_, sm) in results.items()
-     for n, b in sm.items()])
+    [{"release": name, "statistic": key[0] if isinstance(key, tuple) else "(headline)",
+      "group_size": key[1] if isinstance(key, tuple) else key, "smallest_budget": b}
+     for name, (_, sm) in results.items() for key, b in sm.items()])
 nb.show(summary, "smallest budget meeting the target, per release and group size")

@@ -2,10 +2,10 @@
 bars, and the epsilon explorer's relative error against the budget.
 
 Every chart has a title, axis labels with units, and a caption that states the privacy charge
-(epsilon or rho, and the (epsilon, delta) statement when there is one), the window of keys and
-the confidence of the intervals. The figures are built by ``build_*`` helpers that return the
-matplotlib :class:`~matplotlib.figure.Figure` (tests inspect them); the ``*_chart`` functions
-save a PNG and return its path.
+(epsilon or rho, and the (epsilon, delta) statement when there is one), the window of dates or
+the keys it covers, and the confidence of the intervals. The figures are built by ``build_*``
+helpers that return the matplotlib :class:`~matplotlib.figure.Figure` (tests inspect them); the
+``*_chart`` functions save a PNG and return its path.
 
 Input rows are release rows (``ReleaseResult.rows`` or rows read from a Delta release table) or
 the cell dicts of :meth:`dp_spark.statistics.plan.QueryPlan.noise`: dicts with at least ``statistic``,
@@ -21,13 +21,14 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 __all__ = [
     "release_caption",
+    "key_range",
     "build_dau_figure",
     "dau_trend_chart",
     "build_aov_figure",
@@ -55,11 +56,33 @@ def _fmt(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def _is_iso_date(text: str) -> bool:
+    from datetime import date
+
+    try:
+        date.fromisoformat(text)
+        return True
+    except ValueError:
+        return False
+
+
+def key_range(keys: Iterable[Any]) -> str:
+    """The keys of a chart in words: ``window: 2026-11-01 .. 2026-11-30 (30 days)`` when they
+    are dates, else ``keys: region_01 .. region_20 (20 keys)`` (a single key: itself)."""
+    ks = sorted({str(k) for k in keys})
+    if not ks:
+        return "keys: none"
+    if all(_is_iso_date(k) for k in ks):
+        return f"window: {ks[0]}" if len(ks) == 1 else f"window: {ks[0]} .. {ks[-1]} ({len(ks)} days)"
+    return f"key: {ks[0]}" if len(ks) == 1 else f"keys: {ks[0]} .. {ks[-1]} ({len(ks)} keys)"
+
+
 def release_caption(rows: Sequence[Mapping[str, Any]], *, statistic: Optional[str] = None,
                     window: Optional[str] = None) -> str:
-    """A caption from the release metadata of ``rows``: charge, statement, window, confidence.
+    """A caption from the release metadata of ``rows``: charge, statement, keys, confidence.
 
-    ``window`` overrides the key range (e.g. ``"2026-11-01 .. 2026-11-30 (30 days)"``).
+    The keys are a ``window`` of dates, or the ``keys`` of another column (:func:`key_range`);
+    ``window`` overrides the date range (e.g. ``"2026-11-01 .. 2026-11-30 (30 days)"``).
     """
     rows = [r for r in rows if statistic is None or r.get("statistic") == statistic] or list(rows)
     if not rows:
@@ -76,10 +99,7 @@ def release_caption(rows: Sequence[Mapping[str, Any]], *, statistic: Optional[st
         parts.append(f"zCDP, rho = {_fmt(first['charge_rho'])}{st}")
     if first.get("privacy_unit"):
         parts.append(f"unit: {first['privacy_unit']} ({first.get('neighbouring', '?')})")
-    if window is None:
-        keys = sorted({str(r["key"]) for r in rows})
-        window = keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]} ({len(keys)} keys)"
-    parts.append(f"window: {window}")
+    parts.append(key_range(r["key"] for r in rows) if window is None else f"window: {window}")
     if first.get("confidence") is not None:
         parts.append(f"{float(first['confidence']):.0%} intervals")
     if first.get("mode") == "exploration":
@@ -114,7 +134,10 @@ def build_dau_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", *,
                      statistic: str = "distinct_units", title: Optional[str] = None) -> Figure:
     """Line of the noisy DAU per date with the interval as a shaded band.
 
-    One line (the DP estimate) and one band (``fill_between``) per figure.
+    One line (the DP estimate) and one band (``fill_between``) per figure. The y axis is
+    zoomed to the values and their intervals (a margin of :data:`ZOOM_MARGIN` of their span),
+    so that the day-to-day trend and the band are visible; when it does not start at 0 the
+    chart says so.
     """
     from datetime import date
 
@@ -137,7 +160,10 @@ def build_dau_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", *,
     ax.set_title(title or "Daily active users (differentially private)")
     ax.set_xlabel("date (UTC)" if is_date else "key")
     ax.set_ylabel("distinct users per day")
-    ax.set_ylim(bottom=0)
+    bottom = _zoom_to(ax, lo + ys, hi + ys)
+    if bottom > 0:  # say so: a reader may assume an axis starts at 0
+        ax.text(0.99, 0.02, f"y axis starts at {bottom:,.0f}, not 0", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, color="0.35")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
     if is_date:
@@ -145,6 +171,27 @@ def build_dau_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", *,
     if caption:
         fig.supxlabel(_wrap(caption), fontsize=8)
     return fig
+
+
+#: room around the data and its intervals, as a share of their span, when an axis is zoomed
+ZOOM_MARGIN = 0.12
+
+
+def _zoom_to(ax, low: Sequence[float], high: Sequence[float]) -> float:
+    """Zoom the y axis to the data and its intervals (``low``..``high``) with a margin, so that
+    the trend and its band fill the chart; never below 0 for data that is not. Returns the
+    bottom of the axis."""
+    finite_lo = [v for v in low if math.isfinite(v)]
+    finite_hi = [v for v in high if math.isfinite(v)]
+    if not finite_lo or not finite_hi:
+        return 0.0
+    lo, hi = min(finite_lo), max(finite_hi)
+    span = hi - lo if hi > lo else max(abs(hi) * 0.05, 1.0)
+    bottom, top = lo - ZOOM_MARGIN * span, hi + ZOOM_MARGIN * span
+    if lo >= 0:
+        bottom = max(bottom, 0.0)
+    ax.set_ylim(bottom, top)
+    return bottom
 
 
 def dau_trend_chart(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, caption: str = "",
@@ -260,51 +307,119 @@ def _rho_to_epsilon_functions(lo: float, hi: float, delta: float):
     return forward, inverse
 
 
+_ABSOLUTE = {"rel_halfwidth": "halfwidth", "expected_rel_error": "expected_abs_error"}
+
+
 def build_explorer_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", *,
-                          statistic: Optional[str] = None, target: Optional[float] = None,
+                          statistic: Union[str, Sequence[str], None] = None, target: Optional[float] = None,
                           error_column: str = "expected_rel_error", configured: Optional[float] = None,
                           delta: Optional[float] = None) -> Figure:
     """Relative error against the budget, one line per assumed group size (log-log axes).
 
     ``rows`` are :func:`dp_spark.evaluation.explorer.explore` rows. ``statistic`` picks the
-    statistic to draw (default: the spec's headline statistic, the last one of the rows);
-    ``target`` draws the stated error target as a horizontal line; ``configured`` marks the
-    spec's charge (a vertical line, and a point on each group's line); ``delta`` (the budget's
-    ``statement_delta``) adds, for a zCDP spec, the epsilon of the (epsilon, delta) statement
-    on a second x axis above the rho axis.
+    statistic to draw (default: the spec's headline statistic, the last one of the rows); a
+    list of names draws one panel per statistic (a multi-statistic spec: every statistic it
+    publishes, the legend shared above the panels). ``target`` draws the stated error target
+    as a horizontal line; ``configured`` marks the spec's charge (a vertical line, and a point
+    on each group's line); ``delta`` (the budget's ``statement_delta``) adds, for a zCDP spec,
+    the epsilon of the (epsilon, delta) statement on a second x axis above the rho axis.
 
     The budget axis has a labelled tick at each explored budget (or 1-2-5 steps when there are
     many), the error axis percent labels. A group whose relative error is 100% or more (at the
     configured charge, else at the largest budget drawn) gets a note on the chart: its
     interval is wider than the value itself, so the release says nothing about that group at
-    that budget; the band above 100% is shaded.
+    that budget; the band above 100% is shaded. A point whose interval reaches the
+    statistic's range (``clipped``: a mean's clamp bounds, 0 for a count) is drawn hollow: the
+    interval is cut there, not the noise. A statistic whose assumed true value is 0 (a
+    variance or standard deviation, where relative errors are infinite) is drawn in absolute
+    error, in the value's units.
     """
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
-
     if not rows:
         raise ValueError("no explorer rows to chart")
-    stat = statistic or rows[-1]["statistic"]
+    if statistic is None:
+        stats = [rows[-1]["statistic"]]
+    elif isinstance(statistic, str):
+        stats = [statistic]
+    else:
+        stats = list(dict.fromkeys(statistic))
+    for stat in stats:
+        if not any(r["statistic"] == stat for r in rows):
+            raise ValueError(f"no explorer rows for statistic {stat!r}")
+    if len(stats) == 1:
+        fig = _new_figure(11, 5.6)
+        _explorer_axes(fig.add_subplot(1, 1, 1), rows, stats[0], target=target, error_column=error_column,
+                       configured=configured, delta=delta, legend=True, small=False)
+    else:
+        ncols = 2
+        nrows = math.ceil(len(stats) / ncols)
+        fig = _new_figure(14, 0.6 + 4.4 * nrows)
+        axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(len(stats))]
+        for ax, stat in zip(axes, stats):
+            _explorer_axes(ax, rows, stat, target=target, error_column=error_column, configured=configured,
+                           delta=delta, legend=False, small=True)
+        handles, labels = {}, []
+        for ax in axes:  # one legend for every panel: the same group sizes, target and charge
+            for h, lbl in zip(*ax.get_legend_handles_labels()):
+                if lbl not in handles:
+                    handles[lbl] = h
+                    labels.append(lbl)
+        what = _ERROR_NAMES.get(error_column, error_column.replace("_", " "))
+        measure = rows[0]["measure"]
+        title = (f"{rows[0].get('release', '')}: {what} vs {'epsilon' if measure == 'pure_dp' else 'rho'}, "
+                 "per statistic").strip(": ")
+        # the figure's title heads its legend (a suptitle and an outside legend would overlap)
+        fig.legend([handles[lbl] for lbl in labels], labels, loc="outside upper center", ncols=3, fontsize=8,
+                   title=title, title_fontsize=12, frameon=False)
+    if caption:
+        fig.supxlabel(_wrap(caption), fontsize=8)
+    return fig
+
+
+_ERROR_NAMES = {"expected_rel_error": "expected relative error",
+                "rel_halfwidth": "relative half-width of the interval",
+                "expected_abs_error": "expected absolute error",
+                "halfwidth": "interval half-width"}
+
+
+def _explorer_axes(ax, rows: Sequence[Mapping[str, Any]], stat: str, *, target: Optional[float],
+                   error_column: str, configured: Optional[float], delta: Optional[float],
+                   legend: bool, small: bool) -> None:
+    """One statistic's explorer chart on ``ax`` (see :func:`build_explorer_figure`)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
     picked = [r for r in rows if r["statistic"] == stat]
-    if not picked:
-        raise ValueError(f"no explorer rows for statistic {stat!r}")
     measure = picked[0]["measure"]
     budget_name = "epsilon" if measure == "pure_dp" else "rho"
     sizes = sorted({int(r["group_size"]) for r in picked})
     budgets = sorted({float(r["budget"]) for r in picked})
+    # relative errors need a non-zero true value: else the absolute error, in the value's units
+    relative = any(math.isfinite(float(r.get(error_column, math.inf))) and float(r.get(error_column, 0)) > 0
+                   for r in picked) or error_column not in _ABSOLUTE
+    column = error_column if relative else _ABSOLUTE[error_column]
+    note_size = 7 if small else 8
 
-    fig = _new_figure(11, 5.6)
-    ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     series: dict[int, list[tuple[float, float]]] = {}
     colors: dict[int, Any] = {}
-    for n in sizes:
-        pts = sorted((float(r["budget"]), float(r[error_column])) for r in picked if int(r["group_size"]) == n)
-        pts = [(b, e) for b, e in pts if math.isfinite(e) and e > 0]
+    for i, n in enumerate(sizes):
+        pts = sorted((float(r["budget"]), float(r[column]), bool(r.get("clipped"))) for r in picked
+                     if int(r["group_size"]) == n)
+        pts = [(b, e, c) for b, e, c in pts if math.isfinite(e) and e > 0]
+        colors[n] = f"C{i % 10}"  # by group size: the same colour in every panel
         if pts:
-            (line,) = ax.plot([b for b, _ in pts], [e for _, e in pts], marker="o", label=f"group size {n:,}")
-            series[n], colors[n] = pts, line.get_color()
-    if target is not None:
+            ax.plot([b for b, _, _ in pts], [e for _, e, _ in pts], marker="o", color=colors[n],
+                    label=f"group size {n:,}")
+            hollow = [(b, e) for b, e, c in pts if c]
+            if hollow:  # the interval reached the statistic's range: it is cut there
+                ax.plot([b for b, _ in hollow], [e for _, e in hollow], marker="o", linestyle="none", color=colors[n],
+                        markerfacecolor="white", markeredgecolor=colors[n], zorder=4)
+            series[n] = [(b, e) for b, e, _ in pts]
+    if any(r.get("clipped") for r in picked):
+        ax.plot([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor="0.3",
+                label="hollow: interval cut at the statistic's range")
+    use_target = target is not None and relative
+    if use_target:
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.1%}")
 
     # the configured charge: a vertical line and the error each group gets there
@@ -314,7 +429,6 @@ def build_explorer_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", 
         bs, es = np.log([b for b, _ in pts]), np.log([e for _, e in pts])
         return float(np.exp(np.interp(math.log(x), bs, es)))
 
-    eps_conf = None
     if configured is not None:
         configured = float(configured)
         label = f"configured charge: {budget_name} = {_tick_label(configured)}"
@@ -327,48 +441,61 @@ def build_explorer_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", 
                 ax.plot([configured], [at(pts, configured)], marker="D", markersize=7, color=colors[n],
                         markeredgecolor="tab:red", linestyle="none", zorder=5)
 
-    # groups too small for the interval to say anything
-    where = configured if configured is not None else (budgets[-1] if budgets else None)
-    useless: list[tuple[int, float]] = []
-    for n, pts in series.items():
-        x = min(max(where, pts[0][0]), pts[-1][0]) if where is not None else pts[-1][0]
-        e = at(pts, x)
-        if e >= USELESS_RELATIVE_ERROR:
-            useless.append((n, e))
-    ymax = max([e for pts in series.values() for _, e in pts] + ([target] if target else [])
-               + ([] if series else [USELESS_RELATIVE_ERROR]))
-    ymin = min([e for pts in series.values() for _, e in pts] + ([target] if target else []) + [0.5])
-    ax.set_ylim(ymin / 1.6, ymax * 1.6)
-    if any(e >= USELESS_RELATIVE_ERROR for pts in series.values() for _, e in pts):
-        ax.axhspan(USELESS_RELATIVE_ERROR, ymax * 1.6, color="0.5", alpha=0.12, linewidth=0)
-        ax.axhline(USELESS_RELATIVE_ERROR, color="0.4", linewidth=0.8)
-    at_what = (f"at the configured {budget_name} {_tick_label(where)}" if configured is not None
-               else f"even at {budget_name} {_tick_label(where)}" if where is not None else "")
-    for n, e in useless:
-        x = min(max(where, series[n][0][0]), series[n][-1][0])
-        ax.annotate(f"group size {n:,}: +-{_pct(e)} {at_what}.\nToo small: the interval is wider than the value, "
-                    "it says nothing about this group", xy=(x, at(series[n], x)), xytext=(0.98, 0.97),
-                    textcoords="axes fraction", ha="right", va="top", fontsize=8, color=colors[n],
-                    bbox={"boxstyle": "round", "fc": "white", "ec": colors[n], "alpha": 0.9},
-                    arrowprops={"arrowstyle": "->", "color": colors[n]})
-    if useless or any(e >= USELESS_RELATIVE_ERROR for pts in series.values() for _, e in pts):
-        ax.text(0.01, 0.99 if not useless else 0.6, "shaded: relative error >= 100%,\nthe interval says nothing",
-                transform=ax.transAxes, ha="left", va="top", fontsize=7, color="0.3")
+    values = [e for pts in series.values() for _, e in pts]
+    if relative:
+        # groups too small for the interval to say anything
+        where = configured if configured is not None else (budgets[-1] if budgets else None)
+        useless: list[tuple[int, float]] = []
+        for n, pts in series.items():
+            x = min(max(where, pts[0][0]), pts[-1][0]) if where is not None else pts[-1][0]
+            e = at(pts, x)
+            if e >= USELESS_RELATIVE_ERROR:
+                useless.append((n, e))
+        ymax = max(values + ([target] if use_target else []) + ([] if series else [USELESS_RELATIVE_ERROR]))
+        ymin = min(values + ([target] if use_target else []) + [0.5])
+        ax.set_ylim(ymin / 1.6, ymax * 1.6)
+        if any(e >= USELESS_RELATIVE_ERROR for e in values):
+            ax.axhspan(USELESS_RELATIVE_ERROR, ymax * 1.6, color="0.5", alpha=0.12, linewidth=0)
+            ax.axhline(USELESS_RELATIVE_ERROR, color="0.4", linewidth=0.8)
+        at_what = (f"at the configured {budget_name} {_tick_label(where)}" if configured is not None
+                   else f"even at {budget_name} {_tick_label(where)}" if where is not None else "")
+        for n, e in useless:
+            x = min(max(where, series[n][0][0]), series[n][-1][0])
+            # an interval cut at the statistic's range is no +- around the value: say "up to"
+            nearest = min((r for r in picked if int(r["group_size"]) == n), key=lambda r: abs(float(r["budget"]) - x))
+            err = f"up to {_pct(e)}" if nearest.get("clipped") else f"+-{_pct(e)}"
+            text = (f"group size {n:,}: {err} {at_what}.\nToo small: the interval is wider than the value, "
+                    "it says nothing about this group") if not small else \
+                (f"group size {n:,}: {err} {at_what}.\nToo small: it says nothing about this group")
+            ax.annotate(text, xy=(x, at(series[n], x)), xytext=(0.98, 0.97),
+                        textcoords="axes fraction", ha="right", va="top", fontsize=note_size, color=colors[n],
+                        bbox={"boxstyle": "round", "fc": "white", "ec": colors[n], "alpha": 0.9},
+                        arrowprops={"arrowstyle": "->", "color": colors[n]})
+        if useless or any(e >= USELESS_RELATIVE_ERROR for e in values):
+            ax.text(0.01, 0.99 if not useless else 0.6, "shaded: relative error >= 100%,\nthe interval says nothing",
+                    transform=ax.transAxes, ha="left", va="top", fontsize=note_size - 1, color="0.3")
+    elif values:
+        ax.set_ylim(min(values) / 1.6, max(values) * 1.6)
+        ax.text(0.01, 0.02, "assumed true value 0: absolute error, in the value's units", transform=ax.transAxes,
+                ha="left", va="bottom", fontsize=note_size - 1, color="0.3")
 
-    # readable ticks: a label at each explored budget; percent labels on the error axis
+    # readable ticks: a label at each explored budget; percent labels on a relative error axis
     ticks = _nice_budget_ticks(budgets + ([configured] if configured is not None else []))
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _tick_label(x)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _pct(y)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _pct(y) if relative else f"{y:.3g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
-    what = {"expected_rel_error": "expected relative error",
-            "rel_halfwidth": "relative half-width of the interval"}.get(error_column, error_column.replace("_", " "))
-    ax.set_title(f"{picked[0].get('release', '')}: {stat} - {what} vs {budget_name}".strip(": "))
+    what = _ERROR_NAMES.get(column, column.replace("_", " "))
+    kind = picked[0].get("kind")
+    if small:
+        ax.set_title(f"{stat}" + (f" ({kind})" if kind and kind != stat else ""), fontsize=10)
+    else:
+        ax.set_title(f"{picked[0].get('release', '')}: {stat} - {what} vs {budget_name}".strip(": "))
     ax.set_xlabel(f"{budget_name} of the release ({'pure DP' if measure == 'pure_dp' else 'zCDP'})")
-    ax.set_ylabel(f"{what} (% of the true value)")
+    ax.set_ylabel(f"{what} (% of the true value)" if relative else what)
     if measure == "zcdp" and delta is not None and budgets:
         lo, hi = min(ticks), max(ticks)
         sec = ax.secondary_xaxis("top", functions=_rho_to_epsilon_functions(lo, hi, float(delta)))
@@ -376,12 +503,11 @@ def build_explorer_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", 
         sec.xaxis.set_major_locator(FixedLocator(eps_ticks))
         sec.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _tick_label(x)))
         sec.xaxis.set_minor_formatter(NullFormatter())
-        sec.set_xlabel(f"epsilon of the (epsilon, delta) statement, delta = {float(delta):.0e} (the budget's)")
+        sec.set_xlabel(f"epsilon of the (epsilon, delta) statement, delta = {float(delta):.0e} (the budget's)"
+                       if not small else f"epsilon at delta = {float(delta):.0e}", fontsize=None if not small else 8)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
-    if caption:
-        fig.supxlabel(_wrap(caption), fontsize=8)
-    return fig
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
 
 
 def explorer_chart(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, caption: str = "",

@@ -54,6 +54,7 @@ from dp_spark.errors import ConfigError
 __all__ = [
     "explore",
     "smallest_budget",
+    "value_range",
     "plan_at",
     "budget_of",
     "format_table",
@@ -62,8 +63,8 @@ __all__ = [
 
 EXPLORER_COLUMNS = (
     "release", "statistic", "measure", "budget", "group_size", "true_value", "mechanism",
-    "noise_stddev", "expected_abs_error", "expected_rel_error", "confidence", "halfwidth",
-    "rel_halfwidth", "mean_split",
+    "noise_stddev", "expected_abs_error", "expected_rel_error", "confidence", "ci_low", "ci_high",
+    "clipped", "halfwidth", "rel_halfwidth", "mean_split",
 )
 
 Number = Union[int, float, str, Fraction]
@@ -173,7 +174,8 @@ def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, 
         noisy = {c: _expected_component(c, n, mean) for c in comps}
         out = kind_of(stat.kind).finish(stat, noisy, {c: plan.plan_of(c) for c in comps}, alpha)
         v = float(out["value"])
-        h = max(float(out["ci_high"]) - v, v - float(out["ci_low"]))
+        low, high, clipped = _within_range(stat, float(out["ci_low"]), float(out["ci_high"]))
+        h = max(high - v, v - low)
         true = _true_value(stat, n, mean)
         denom = abs(true)
         abs_err = float(out["expected_abs_error"])
@@ -181,8 +183,34 @@ def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, 
                      "assumed_mean": None if mean is None else float(mean), "mechanism": out["mechanism"],
                      "noise_stddev": float(out["noise_stddev"]), "expected_abs_error": abs_err,
                      "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
+                     "ci_low": low, "ci_high": high, "clipped": clipped,
                      "halfwidth": h, "rel_halfwidth": h / denom if denom > 0 else math.inf})
     return rows
+
+
+def value_range(stat) -> tuple[float, float]:
+    """The values a statistic can take whatever the data: a mean's and a quantile's clamp
+    range [L, U], a standard deviation's [0, (U - L) / 2] and a variance's [0, (U - L)^2 / 4],
+    a count's [0, inf); a sum's is unbounded here (its row count is not public)."""
+    if stat.kind in ("count", "distinct_units"):
+        return 0.0, math.inf
+    if stat.clamp is None or stat.kind == "sum":
+        return -math.inf, math.inf
+    lo, hi = float(stat.clamp.lower), float(stat.clamp.upper)
+    if stat.kind == "stddev":
+        return 0.0, (hi - lo) / 2
+    if stat.kind == "variance":
+        return 0.0, (hi - lo) ** 2 / 4
+    return lo, hi
+
+
+def _within_range(stat, low: float, high: float) -> tuple[float, float, bool]:
+    """The interval cut to the statistic's range (:func:`value_range`, as the engine publishes
+    it), and whether it reaches a bound of that range (``clipped``): then it is not the
+    value +- a half-width, and the noise, not the data, decides where it ends."""
+    lo, hi = value_range(stat)
+    low, high = max(low, lo), min(high, hi)
+    return low, high, (math.isfinite(lo) and low <= lo) or (math.isfinite(hi) and high >= hi)
 
 
 # --------------------------------------------------------------------------------------
@@ -224,11 +252,11 @@ def _rel_halfwidth_at(spec: ReleaseSpec, budget: Budget, n: int, means: dict[str
 
 def smallest_budget(spec: ReleaseSpec, group_size: int, target_relative_error: Number,
                     confidence: Optional[Number] = None, *, assumed_mean: Optional[Number] = None,
-                    rel_tol: float = 1e-6) -> Budget:
+                    rel_tol: float = 1e-6, statistic: Optional[str] = None) -> Budget:
     """The smallest budget (spec's measure) whose interval meets the error target.
 
     "Meets" means: with probability at least ``confidence`` (default: the spec's) the noise
-    error of the headline statistic (the mean for a mean release) is at most
+    error of ``statistic`` (default: the headline statistic, the mean for a mean release) is at most
     ``target_relative_error * |true value|`` for a group of ``group_size``; i.e. the
     release's interval half-width at that confidence is within the target.
 
@@ -248,8 +276,11 @@ def smallest_budget(spec: ReleaseSpec, group_size: int, target_relative_error: N
         raise ConfigError("the error target must be > 0")
     alpha = _alpha(confidence, spec)
     means = _assumed_means(spec, assumed_mean)
-    name = headline_statistic(spec)
-    stat = next(s for s in spec.statistics if s.name == name)
+    name = statistic or headline_statistic(spec)
+    stat = next((s for s in spec.statistics if s.name == name), None)
+    if stat is None:
+        raise ConfigError(f"no statistic '{name}' in {spec.name} (its statistics: "
+                          f"{', '.join(s.name for s in spec.statistics)})")
     true = _true_value(stat, n, means.get(name))
     if true == 0:
         raise ConfigError("a relative error target needs a non-zero assumed true value")
@@ -259,7 +290,7 @@ def smallest_budget(spec: ReleaseSpec, group_size: int, target_relative_error: N
         return _rel_halfwidth_at(spec, budget_of(spec, b), n, means, alpha, name) <= target_f
 
     start = (_calibrated_budget(spec, Fraction(abs(true)) * target, alpha)
-             if spec.metric in ("count", "distinct_units", "sum") else None)
+             if spec.metric in ("count", "distinct_units", "sum") and name == headline_statistic(spec) else None)
     # bracket: meets(high) and not meets(low); the inverse makes the bracket tight at once
     high = start if start is not None and start > 0 else Fraction(1, 100)
     while not meets(high):
@@ -318,21 +349,36 @@ def _calibrated_budget(spec: ReleaseSpec, target_abs: Fraction, alpha: Fraction)
 # Presentation
 # --------------------------------------------------------------------------------------
 def format_table(rows: Iterable[dict[str, Any]], *, statistic: Optional[str] = None) -> str:
-    """A fixed-width text table of explorer rows (one line per budget and group size)."""
+    """A fixed-width text table of explorer rows (one line per budget and group size): the
+    interval at the spec's confidence as it is published (cut to the statistic's range) and
+    the largest relative error within it; an interval that reaches that range is marked ``*``
+    (it is not the value +- a half-width), with a footnote."""
     rows = [r for r in rows if statistic is None or r["statistic"] == statistic]
     if not rows:
         return "(no rows)"
     budget_name = "epsilon" if rows[0]["measure"] == "pure_dp" else "rho"
+    conf = format(rows[0]["confidence"], ".0%")
     head = (f"{'statistic':>14} {budget_name:>9} {'group':>8} {'true':>12} {'E|err|':>11} "
-            f"{'rel E|err|':>10} {'+-' + format(rows[0]['confidence'], '.0%'):>11} {'rel +-':>9}")
+            f"{'rel E|err|':>10} {conf + ' interval':>24} {'max rel err':>12}")
     lines = [head, "-" * len(head)]
 
     def pct(x: float) -> str:
         return "inf" if not math.isfinite(x) else f"{x:.2%}"
 
+    clipped = False
     for r in rows:
+        low, high = r.get("ci_low"), r.get("ci_high")
+        if low is None or high is None:  # rows from an older explorer: value +- half-width
+            v = r["true_value"]
+            low, high = v - r["halfwidth"], v + r["halfwidth"]
+        mark = "*" if r.get("clipped") else " "
+        clipped = clipped or bool(r.get("clipped"))
+        interval = f"[{low:.4g}, {high:.4g}]{mark}"
         lines.append(
             f"{r['statistic']:>14} {r['budget']:>9.4g} {r['group_size']:>8,} {r['true_value']:>12.5g} "
-            f"{r['expected_abs_error']:>11.4g} {pct(r['expected_rel_error']):>10} {r['halfwidth']:>11.4g} "
-            f"{pct(r['rel_halfwidth']):>9}")
+            f"{r['expected_abs_error']:>11.4g} {pct(r['expected_rel_error']):>10} {interval:>24} "
+            f"{pct(r['rel_halfwidth']):>12}")
+    if clipped:
+        lines.append("* the interval reaches the statistic's range (a mean's clamp bounds, 0 for a count) and is "
+                     "cut there: it is not the value +- a half-width; max rel err is its farther end")
     return "\n".join(lines)

@@ -9,11 +9,19 @@ and its allowed fields (the schema has ``additionalProperties: false`` on all of
 ``pause_status`` enum, and the form of ``${...}`` / ``{{...}}`` references. Types of scalar
 fields, and the kinds this bundle does not use, are not checked. ``databricks bundle
 validate`` remains the full check, against a workspace.
+
+The shipped deployment runs as shipped: each job's principal (``run_as``) may publish each of
+its specs under the shipped access policy, each spec passes ``dp-spark validate`` on the
+Databricks env, and a month of the schedule fits the budgets; every placeholder still in the
+bundle, the env and the access policy (``dp_spark.deploy_check``) is named in docs/deploy.md's
+"Before the first deploy" checklist, which opens the page.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -176,7 +184,7 @@ def test_schema_check_catches_what_it_claims_to():
     """The checker itself: a missing required field and an unknown field are both reported."""
     bad = _bundle()
     del bad["bundle"]["name"]
-    task = bad["resources"]["jobs"]["dp_spark_daily"]["tasks"][0]
+    task = bad["resources"]["jobs"]["dp_spark_weekly"]["tasks"][0]
     task.pop("task_key")
     task["python_wheel_task"].pop("entry_point")
     bad["resources"]["jobs"]["dau_backfill"]["schedule"] = {"quartz_cron_expression": "0 0 0 * * ?",
@@ -321,3 +329,205 @@ def test_the_wheel_does_not_install_spark_or_delta():
     extra = [r.strip() for r in cp["options.extras_require"]["spark"].splitlines() if r.strip()]
     assert any(r.startswith("pyspark") for r in extra) and any(r.startswith("delta-spark") for r in extra)
     assert "3.13" in cp["options"]["python_requires"] or "<3.14" in cp["options"]["python_requires"]
+
+
+# --------------------------------------------------------------------------------------
+# The shipped deployment runs as shipped: principal, access policy, env, specs and budgets agree
+# --------------------------------------------------------------------------------------
+RUN_DATE = date(2026, 12, 1)  # a job's date: the DAU refresh publishes the day before it
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job: str
+    task: str
+    principal: str
+    env_file: Path
+    spec_file: Path
+    command: str          # "publish" or "refresh"
+    scheduled: bool
+    cron: str | None
+
+
+def _resolve_ref(value: str, variables: dict) -> str:
+    value = _expand(value, variables)
+    return value.replace("${workspace.file_path}", str(ROOT))
+
+
+def _job_specs(bundle: dict) -> list[JobSpec]:
+    """Every (job, task, spec) of the bundle with its principal and env file, as they resolve
+    from the bundle's variable defaults and the synced files (= this checkout)."""
+    variables = bundle.get("variables") or {}
+    out = []
+    for job_key, job in bundle["resources"]["jobs"].items():
+        run_as = job.get("run_as") or {}
+        principal = _resolve_ref(run_as.get("service_principal_name") or run_as.get("user_name") or "", variables)
+        cron = (job.get("schedule") or {}).get("quartz_cron_expression")
+        for task in job["tasks"]:
+            if "python_wheel_task" in task:
+                argv = [_resolve_ref(a, variables) for a in task["python_wheel_task"]["parameters"]]
+                command, argv = argv[0], argv[1:]
+            else:
+                argv = [_resolve_ref(a, variables) for a in task["spark_python_task"]["parameters"]]
+                command = "refresh"
+            env_file = Path(argv[argv.index("--env") + 1])
+            for i, a in enumerate(argv):
+                if a == "--conf":
+                    out.append(JobSpec(job_key, task["task_key"], principal, env_file, Path(argv[i + 1]),
+                                       command, cron is not None, cron))
+    return out
+
+
+def _spec_as_run(js: JobSpec):
+    """The spec the task publishes: the file's, or (a refresh) its restriction to a day."""
+    from dp_spark.config import load_release_spec
+    from dp_spark.schedule import day_spec
+
+    spec = load_release_spec(js.spec_file, run_date=RUN_DATE)
+    return day_spec(spec, date.fromordinal(RUN_DATE.toordinal() - 1)) if js.command == "refresh" else spec
+
+
+def test_each_job_principal_may_publish_each_of_its_specs_under_the_shipped_policies(monkeypatch, capsys):
+    """Loads databricks.yml, resolves each job's principal, env and specs, and runs on each what
+    `dp-spark validate` and the engine run before the charge: the spec against the env and its
+    budgets, then the access check (publisher, pre-registered spec) for the job's principal."""
+    from dp_spark import cli
+    from dp_spark.config import load_env
+    from dp_spark.governance.access import access_policy_for_env, authorize
+
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    jobs = _job_specs(_bundle())
+    assert {j.job for j in jobs} == set(_bundle()["resources"]["jobs"]) and len(jobs) >= 3
+    for js in jobs:
+        where = f"{js.job}.{js.task} ({js.spec_file.name})"
+        assert js.principal, f"{where}: no run_as principal"
+        assert js.env_file == ENV_FILE, where
+        capsys.readouterr()
+        assert cli.validate_main(["--env", str(js.env_file), "--conf", str(js.spec_file)]) == 0, \
+            f"{where}: {capsys.readouterr().err}"
+        assert ": ok (" in capsys.readouterr().out, where
+        env = load_env(js.env_file)
+        # no $DP_SPARK_PRINCIPAL on a job: the principal is the platform's, matched strictly
+        policy = access_policy_for_env(env, environ={})
+        assert policy.active_default is None, "the local default must not apply to the databricks env"
+        authorize(policy, js.principal, "publish", mode="official", spec=_spec_as_run(js))
+
+
+def test_the_bundle_principal_is_the_access_policy_publisher():
+    bundle = _bundle()
+    principal = bundle["variables"]["principal"]["default"]
+    access = yaml.safe_load((ROOT / "conf/policies/access.yaml").read_text())
+    assert "publisher" in access["principals"].get(principal, {}).get("roles", []), \
+        f"databricks.yml runs the jobs as {principal!r}, which conf/policies/access.yaml does not list as a publisher"
+    for job_key, job in bundle["resources"]["jobs"].items():
+        assert job["run_as"] == {"service_principal_name": "${var.principal}"}, job_key
+
+
+def test_a_principal_the_policy_does_not_list_is_refused_with_the_fix(monkeypatch):
+    """What a deployer sees when the two files disagree: the principal, and the file to add it to."""
+    from dp_spark.config import load_env
+    from dp_spark.errors import PermissionDeniedError
+    from dp_spark.governance.access import access_policy_for_env, authorize
+
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    js = next(j for j in _job_specs(_bundle()) if j.command == "publish")
+    policy = access_policy_for_env(load_env(js.env_file), environ={})
+    with pytest.raises(PermissionDeniedError) as e:
+        authorize(policy, "0000aaaa-unlisted-sp", "publish", mode="official", spec=_spec_as_run(js))
+    assert "0000aaaa-unlisted-sp" in str(e.value) and "not listed" in str(e.value)
+    assert str(ROOT / "conf/policies/access.yaml") in str(e.value)
+
+
+def _runs_per_month(cron: str) -> int:
+    """Worst-case runs in a calendar month of a quartz cron (sec min hour dom month dow)."""
+    fields = cron.split()
+    assert len(fields) in (6, 7), cron
+    sec, minute, hour, dom, month, dow = fields[:6]
+    assert month == "*" and not any(c in sec + minute + hour for c in "*/,-"), f"one run a day at most: {cron}"
+    if dom in ("*", "?") and dow in ("*", "?"):
+        return 31
+    if dom == "?":
+        days = dow.split(",")
+        assert all(re.fullmatch(r"[1-7]|MON|TUE|WED|THU|FRI|SAT|SUN", d) for d in days), cron
+        return 5 * len(days)
+    if dow == "?" and re.fullmatch(r"\d+(,\d+)*", dom):
+        return len(dom.split(","))
+    raise AssertionError(f"teach this test the schedule {cron!r}")
+
+
+def test_a_month_of_the_schedule_fits_the_budgets():
+    """Every scheduled task charges its spec (a refresh: one day's cell) once per run; in the
+    worst month the charges of each budget fit its cap, and each charge its max_per_release."""
+    from dp_spark.config import load_env
+    from dp_spark.ledger.policy import load_policies
+
+    policies = load_policies(load_env(ENV_FILE).policies)
+    spent: dict[str, object] = {}
+    for js in _job_specs(_bundle()):
+        if not js.scheduled:
+            continue  # the backfill is run by a person, against what the schedule leaves
+        spec = _spec_as_run(js)
+        policy = policies[spec.budget_id]
+        assert policy.window.kind == "monthly", f"{spec.budget_id}: teach this test the {policy.window.kind} window"
+        if policy.max_per_release is not None:
+            assert spec.charge.fits_in(policy.max_per_release), (js.task, spec.charge, policy.max_per_release)
+        month = spec.charge * _runs_per_month(js.cron)
+        spent[spec.budget_id] = month if spec.budget_id not in spent else spent[spec.budget_id] + month
+    assert spent, "no scheduled charge found"
+    for budget_id, total in spent.items():
+        assert total.fits_in(policies[budget_id].cap), \
+            f"a month of the schedule spends {total} of {budget_id}, over its cap {policies[budget_id].cap}"
+
+
+def test_the_month_arithmetic_the_bundle_states_is_the_schedule():
+    """databricks.yml's comment gives the month's charges: they are the computed ones."""
+    from fractions import Fraction
+
+    total = Fraction(0)
+    for js in _job_specs(_bundle()):
+        if js.scheduled:
+            total += _spec_as_run(js).charge.rho * _runs_per_month(js.cron)
+    assert total == Fraction("1.87")
+
+    def flat(text: str) -> str:  # prose across lines (and comment lines) as one line
+        return re.sub(r"\s*\n[\s#]*", " ", text)
+
+    assert "rho 1.87 per month" in flat(BUNDLE.read_text()) and "rho 1.87 per month" in flat(DEPLOY_DOC.read_text())
+
+
+def _checklist() -> str:
+    """docs/deploy.md's first section: the "Before the first deploy" checklist."""
+    text = DEPLOY_DOC.read_text()
+    sections = re.split(r"^## ", text, flags=re.MULTILINE)
+    assert len(sections) > 2 and sections[1].startswith("Before the first deploy"), \
+        "docs/deploy.md must open with its 'Before the first deploy' checklist"
+    return sections[1]
+
+
+def test_deploy_doc_opens_with_a_checklist_naming_every_placeholder(monkeypatch):
+    from dp_spark.config import load_env
+    from dp_spark.deploy_check import env_placeholders
+
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    checklist = _checklist()
+    found = env_placeholders(load_env(ENV_FILE), ENV_FILE)
+    files = {p.path for p in found}
+    # the env, the bundle and the access policy each still carry the shipped stand-ins
+    assert files == {"conf/envs/databricks.yaml", "databricks.yml", "conf/policies/access.yaml"}, found
+    for p in found:
+        parts = p.field.split(".")
+        if p.field == "variables.principal.default":
+            name = "var.principal"
+        elif parts[0] == "variables":
+            name = parts[1]  # variables.node_type_id.default -> node_type_id
+        else:
+            name = parts[-1]  # datasets.demo_events -> demo_events
+        assert f"`{name}`" in checklist and p.path in checklist, (str(p), name)
+    for must in ("secret scope", "ledger_hmac_key", "ledger_db_password", "application id",
+                 "python -m dp_spark.deploy_check --env conf/envs/databricks.yaml", "dp-spark validate"):
+        assert must in checklist, must
+    # the two halves of the principal are named together, so that they are changed together
+    assert "var.principal" in checklist and "conf/policies/access.yaml" in checklist
+    # the local env has nothing to replace
+    assert env_placeholders(load_env(ROOT / "conf/envs/local.yaml"), ROOT / "conf/envs/local.yaml") == []

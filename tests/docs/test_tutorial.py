@@ -15,6 +15,12 @@ memory and small demo data (2,000 users); nothing else differs from what a reade
 
 The reader is not in test mode: ``DP_SPARK_TEST_MODE`` and ``DP_SPARK_PRINCIPAL`` are removed
 from the blocks' environment (official mode, the OS user as on the ``local`` env).
+
+The tutorial leaves the reader's own spec in ``conf/releases/`` (its pre-registration): after the
+blocks, the suite's checks of the shipped specs (:data:`SPEC_CHECKS`) run in the same copy and
+must pass, so ``make test`` stays green after the tutorial. They iterate the manifest
+``tests/shipped_specs.py``, never the folder; a guard below keeps every other test off the
+folder too.
 """
 
 from __future__ import annotations
@@ -38,6 +44,15 @@ SKIP_MARK = "skip-test"
 SKIPPABLE = ("git clone ", "cd ", "make setup")
 MAX_SKIPPED = 1
 TIMEOUT = 900
+#: the suite's checks of every shipped spec: run again in the copy, after the tutorial
+SPEC_CHECKS = (
+    "tests/unit/test_spec_model.py::test_every_shipped_spec_validates_and_points_at_the_schema",
+    "tests/unit/test_golden_release_ids.py",
+    "tests/unit/test_one_path.py::test_plan_and_explorer_on_every_shipped_spec",
+    "tests/docs/test_tutorial.py::test_no_test_reads_the_releases_folder_itself",
+)
+# a test that lists the repository's conf/releases folder (instead of tests/shipped_specs.py)
+_LISTS_RELEASES = re.compile(r"ROOT\b.*releases.*\.(?:r?glob|iterdir)\(|listdir\(.*ROOT.*releases")
 
 
 def blocks(text: str) -> list[tuple[str, bool, str]]:
@@ -73,6 +88,32 @@ def test_the_commands_the_tutorial_uses_exist():
                                text=True, timeout=120).stdout
     for cmd in ("publish", "plan", "validate", "budget", "generate-demo"):
         assert re.search(rf"^\s+{re.escape(cmd)}\s", help_text, re.MULTILINE), f"dp-spark {cmd} is gone"
+
+
+def test_no_test_reads_the_releases_folder_itself():
+    """Only the manifest names the shipped specs: a user's own spec in conf/releases/ (the
+    tutorial's) is never picked up by a test that lists the folder."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if _LISTS_RELEASES.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
+    assert not offenders, "list the shipped specs with tests.shipped_specs.shipped_spec_paths():\n" + \
+        "\n".join(offenders)
+    listing = ".glob"
+    sample = f"for p in (ROOT / 'conf' / 'releases'){listing}('*.yaml'):"
+    assert _LISTS_RELEASES.search(sample)  # the guard bites
+
+
+def test_the_manifest_names_the_shipped_specs():
+    from tests.shipped_specs import SHIPPED_SPECS, shipped_spec_paths
+
+    paths = shipped_spec_paths()
+    assert len(paths) == len(set(SHIPPED_SPECS)) >= 5 and all(p.is_file() for p in paths)
+    tracked = subprocess.run(["git", "ls-files", "conf/releases"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    if tracked:  # a git checkout: every shipped spec is tracked (a user's may be too)
+        assert {f"conf/releases/{n}" for n in SHIPPED_SPECS} <= set(tracked)
 
 
 def copy_repo(dest: Path) -> Path:
@@ -130,3 +171,12 @@ def test_the_tutorial_runs_as_written(tmp_path, capsys):
     assert (repo / "warehouse" / "releases" / FAMILY).is_dir()
     assert (repo / "warehouse" / "ledger.db").is_file()
     assert in_checkout.exists() == existed  # the copy's warehouse, never the checkout's
+    # the reader's spec is in conf/releases/, headed like the shipped ones (the editor's schema)
+    own = repo / "conf" / "releases" / f"{FAMILY}.yaml"
+    assert own.read_text().splitlines()[0] == "# yaml-language-server: $schema=../release-spec.schema.json"
+    # ... and the suite's checks of the shipped specs still pass beside it (make test stays green)
+    checks = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SPEC_CHECKS],
+                            cwd=repo, env={**environ, "DP_SPARK_TEST_MODE": "1"}, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert checks.returncode == 0, f"the spec checks fail after the tutorial:\n{checks.stdout[-4000:]}"
+    assert " passed" in checks.stdout and "failed" not in checks.stdout

@@ -77,7 +77,7 @@ def test_caption_names_pure_dp_and_exploration():
     rows = release_rows("count", ["a"])
     rows[0].update(charge_epsilon=0.5, charge_rho=None, mode="exploration")
     cap = charts.release_caption(rows)
-    assert "epsilon = 0.5" in cap and "not publishable" in cap and "window: a" in cap
+    assert "epsilon = 0.5" in cap and "not publishable" in cap and "key: a" in cap  # not a date: no window
 
 
 def test_the_process_backend_is_not_changed():

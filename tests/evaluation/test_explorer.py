@@ -129,12 +129,15 @@ def test_format_table_and_chart(tmp_path):
     spec = load_release_spec(AOV)
     rows = explorer.explore(spec, [50, 500, 5000], [0.1, 0.5, 2])
     text = explorer.format_table(rows, statistic="mean")
-    assert text.count("\n") == 2 + 9 - 1 and "rho" in text.splitlines()[0]
+    table = [ln for ln in text.splitlines() if not ln.startswith("* ")]  # the footnote of cut intervals aside
+    assert len(table) == 2 + 9 and "rho" in text.splitlines()[0]
     fig = build_explorer_figure(rows, "caption", target=0.05)
     ax = fig.axes[0]
     labels = [l.get_label() for l in ax.get_lines() if not l.get_label().startswith("_")]
-    # one line per group size, plus the target (unlabelled guides, e.g. the 100% line, aside)
-    assert labels == ["group size 50", "group size 500", "group size 5,000", "target 5.0%"]
+    # one line per group size, the key to the hollow points (intervals cut at [0, 500]) and the
+    # target (unlabelled guides, e.g. the 100% line, aside)
+    assert labels == ["group size 50", "group size 500", "group size 5,000",
+                      "hollow: interval cut at the statistic's range", "target 5.0%"]
     assert ax.get_xscale() == "log" and "rho" in ax.get_xlabel()
     path = explorer_chart(rows, tmp_path / "e.png", "caption", target=0.05)
     assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -22,6 +22,7 @@ from dp_spark.governance.access import (
     resolve_principal,
     resolve_principal_with_source,
 )
+from tests.shipped_specs import shipped_spec_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 DAU = ROOT / "conf/releases/dau_daily.yaml"
@@ -32,7 +33,7 @@ def project(tmp_path):
     """A project root with conf/releases (a copy of the real specs) and an access policy."""
     rel = tmp_path / "conf" / "releases"
     rel.mkdir(parents=True)
-    for f in (ROOT / "conf/releases").glob("*.yaml"):
+    for f in shipped_spec_paths():
         shutil.copy(f, rel / f.name)
     pol = tmp_path / "conf" / "policies"
     pol.mkdir()

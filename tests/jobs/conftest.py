@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.shipped_specs import shipped_spec_paths
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,7 +32,7 @@ def write_env(base: Path, *, policies: Path | None = None, lease_seconds: int = 
     (base / "conf" / "policies").mkdir(parents=True, exist_ok=True)
     rel = base / "conf" / "releases"
     rel.mkdir(parents=True, exist_ok=True)
-    for f in (ROOT / "conf" / "releases").glob("*.yaml"):
+    for f in shipped_spec_paths():
         if not (rel / f.name).exists():
             shutil.copy(f, rel / f.name)
     pol = base / "conf" / "policies" / "budgets.yaml"

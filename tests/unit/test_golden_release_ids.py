@@ -2,10 +2,11 @@
 
 ``tests/unit/golden_release_ids.json`` was recorded BEFORE the single-``metric`` form was
 rewritten into the ``statistics`` form (issue 26): the release id and the spec version of every
-shipped spec (``conf/releases/*.yaml``, and each one's per-day restriction when it is keyed by
-dates) and of a generated set of old-form specs (every metric, neighbour relation and measure,
-and the options: group keys by value and by date, min_group_size, the mean's options, Linf,
-confidence, columns, max_cells, on_exhausted, a per-day ``for_keys`` restriction). The test
+shipped spec (``tests/shipped_specs.py``: the ones in ``conf/releases/`` the project ships, and
+each one's per-day restriction when it is keyed by dates) and of a generated set of old-form
+specs (every metric, neighbour relation and measure, and the options: group keys by value and
+by date, min_group_size, the mean's options, Linf, confidence, columns, max_cells,
+on_exhausted, a per-day ``for_keys`` restriction). The test
 recomputes them with :func:`dp_spark.engine.release_id_for` on a fixed fake input identity, and
 the code version the file was recorded with (a new code version changes every id on purpose).
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from dp_spark import engine as engine_mod
+from tests.shipped_specs import shipped_spec_paths
 from dp_spark.config import load_release_spec, release_spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +129,7 @@ def _for_keys_variants(label: str, spec) -> dict[str, object]:
 
 def all_specs() -> dict[str, object]:
     specs: dict[str, object] = {}
-    for path in sorted((ROOT / "conf" / "releases").glob("*.yaml")):
+    for path in shipped_spec_paths():  # the shipped specs only (tests/shipped_specs.py)
         label = f"conf/releases/{path.name}"
         specs[label] = load_release_spec(path, run_date=RUN_DATE)
         specs.update(_for_keys_variants(label, specs[label]))
@@ -163,7 +165,7 @@ def test_the_golden_set_covers_every_metric_neighbour_measure_and_shipped_spec()
     golden = json.loads(GOLDEN.read_text())["ids"]
     for metric, nb, ms in itertools.product(("count", "distinct_units", "sum", "mean"), NEIGHBOURS, MEASURES):
         assert f"{metric}/{nb}/{ms}/global" in golden
-    for path in (ROOT / "conf" / "releases").glob("*.yaml"):
+    for path in shipped_spec_paths():
         assert f"conf/releases/{path.name}" in golden
     assert any("min_group_size_merge" in k for k in golden) and any("@" in k for k in golden)
     # fields outside the canonical spec (on_exhausted, max_cells, description) share an id

@@ -23,6 +23,7 @@ from dp_spark.evaluation import explorer, utility
 from dp_spark.mechanisms.mean import mean_split_error
 from dp_spark.mechanisms.samplers import NoiseSource, SeededNoiseSource
 from dp_spark.statistics.plan import _snap, plan_query
+from tests.shipped_specs import shipped_spec_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 REGIONS = ["north", "south", "east", "west"]
@@ -222,7 +223,7 @@ def test_where_on_the_single_metric_form():
         release_spec_from_dict(single("count", where="rand() < 0.5"))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "conf/releases").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", shipped_spec_paths(), ids=lambda p: p.name)
 def test_plan_and_explorer_on_every_shipped_spec(path):
     from dp_spark.cli import plan_rows
 
