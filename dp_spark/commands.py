@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from dp_spark import precheck
 from dp_spark.api import plan_table
 from dp_spark.config import EnvConfig, ReleaseSpec, load_env, load_release_spec
+from dp_spark.env_file import DEFAULT_ENV, ENV_VAR, resolve_env
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.governance import rollback_family
 from dp_spark.governance.access import (
@@ -40,28 +41,9 @@ from dp_spark.schedule import DayResult, backfill, day_spec, days_between, today
 
 log = logging.getLogger("dp_spark.commands")
 
-ENV_VAR = "DP_SPARK_ENV"
-#: the project the package runs from (a source checkout or an editable install)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-#: the default env file: the project's own local env (used when --env and $DP_SPARK_ENV are absent)
-DEFAULT_ENV = str(PROJECT_ROOT / "conf" / "envs" / "local.yaml")
-
-
-# -- the env ---------------------------------------------------------------------------------
-def resolve_env(given: Optional[str], environ: Optional[Mapping[str, str]] = None) -> str:
-    """The env file to use: ``--env`` when given, else ``$DP_SPARK_ENV``, else the project's
-    ``conf/envs/local.yaml`` (:data:`DEFAULT_ENV`). Paths inside it resolve against its own
-    project root (:func:`dp_spark.config.load_env`). Raises ConfigError when none exists."""
-    environ = os.environ if environ is None else environ
-    if given:
-        return str(given)
-    if environ.get(ENV_VAR):
-        return str(environ[ENV_VAR])
-    if Path(DEFAULT_ENV).is_file():
-        return DEFAULT_ENV
-    raise ConfigError(f"no env file: pass --env FILE or set ${ENV_VAR} (the default {DEFAULT_ENV} does not exist: "
-                      "the package is not running from a project checkout)")
-
+__all__ = ["DEFAULT_ENV", "ENV_VAR", "BatchRefusedError", "BatchResult", "Checker", "DemoData", "Outcome",
+           "SpecCheck", "accept_policy", "checker", "env_for", "generate_demo", "load_specs", "plan_rows",
+           "publish_batch", "refresh", "resolve_env", "rollback", "unexpected"]
 
 def env_for(given: Optional[str], environ: Optional[Mapping[str, str]] = None) -> EnvConfig:
     """The loaded env (:func:`resolve_env`)."""
@@ -199,7 +181,9 @@ class SpecCheck:
     policy: BudgetPolicy
     principal: str
     mode: str
-    budget: precheck.BudgetLeft
+    #: None when the ledger cannot be read from here (``budget_note`` says why)
+    budget: Optional[precheck.BudgetLeft]
+    budget_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -224,7 +208,14 @@ class Checker:
         precheck.check_charge_limits(spec, policy)
         self.env.dataset_location(spec.dataset)
         precheck.check_access(self.access, self.principal, spec, self.mode)
-        left = precheck.budget_left(self.env.ledger_url, spec, policy)
+        if not spec.charge.fits_in(policy.cap):  # over the whole cap: refused whatever the ledger says
+            precheck.require_fit(precheck.BudgetLeft(spec.budget_id, policy.cap, None), spec, policy)
+        try:
+            left = precheck.budget_left(self.env.ledger_url, spec, policy)
+        except DpSparkError as exc:  # a ledger this machine cannot reach or open: said, not a refusal
+            return SpecCheck(spec, policy, self.principal, self.mode, None,
+                             f"not checked against the ledger, which cannot be read from here "
+                             f"({type(exc).__name__}: {exc}); the charge fits the cap")
         precheck.require_fit(left, spec, policy)
         return SpecCheck(spec, policy, self.principal, self.mode, left)
 

@@ -42,7 +42,8 @@ from dp_spark.cli.base import (
     run,
 )
 from dp_spark.cli.budget import BUDGET_SUBCOMMANDS, as_epsilon, budget
-from dp_spark.commands import DEFAULT_ENV, ENV_VAR, plan_rows, resolve_env
+from dp_spark.commands import plan_rows
+from dp_spark.env_file import DEFAULT_ENV, ENV_VAR, resolve_env
 from dp_spark.config import load_release_spec
 from dp_spark.errors import DpSparkError
 from dp_spark.evaluation import explorer
@@ -306,12 +307,14 @@ def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str]
             spec = load_release_spec(path)
             found = checker.check(spec)
             print(f"{path}: ok ({spec.name}, version {spec.version()}, {spec.cells} cells)")
-            left = found.budget
             print(f"   access: {found.principal} ({_FROM.get(checker.principal_source, checker.principal_source)}) "
                   f"may publish it ({mode})")
-            # the amounts as the budget accounts them (plan adds epsilon: OpenDP takes ~0.5 s to load)
-            print(f"   budget {spec.budget_id}: remaining now {left.remaining}"
-                  f"{' (no ledger yet)' if left.ledger_path else ''}; after this release: {left.after}")
+            left = found.budget
+            if left is None:
+                print(f"   budget {spec.budget_id}: {found.budget_note}")
+            else:  # the amounts as the budget accounts them (plan adds epsilon: OpenDP takes ~0.5 s to load)
+                print(f"   budget {spec.budget_id}: remaining now {left.remaining}"
+                      f"{' (no ledger yet)' if left.ledger_path else ''}; after this release: {left.after}")
             print("   input columns (group_by, where, unit, values): checked against the input's schema at publish")
         except DpSparkError as exc:
             bad += 1

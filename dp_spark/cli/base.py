@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import click
 
-from dp_spark.commands import DEFAULT_ENV, ENV_VAR
+from dp_spark.env_file import DEFAULT_ENV, ENV_VAR
 
 #: exit status when the reader of our output went away (``dp-spark budget status | head -1``)
 EXIT_CLOSED_PIPE = 141

@@ -171,9 +171,9 @@ def test_an_invalid_env_file_is_a_config_error(tmp_path, capsys):
 
 
 def test_no_env_anywhere_is_a_config_error(monkeypatch, tmp_path, capsys):
-    from dp_spark import commands
+    from dp_spark import env_file
 
-    monkeypatch.setattr(commands, "DEFAULT_ENV", str(tmp_path / "absent.yaml"))
+    monkeypatch.setattr(env_file, "DEFAULT_ENV", str(tmp_path / "absent.yaml"))
     rc, _, err = _exit(["validate", "--conf", str(MULTI)], capsys)
     assert rc == 2 and "no env file: pass --env FILE or set $DP_SPARK_ENV" in err
 
