@@ -351,3 +351,17 @@ def test_validate_refuses_a_charge_that_does_not_fit_the_remaining_budget(tmp_pa
     assert rc == 0 and "REFUSED (does not fit)" in out
     with open_ledger(f"sqlite:{tmp_path / 'wh' / 'ledger.db'}") as led:
         assert len(led.audit_rows()) == 0  # validate wrote nothing
+
+
+def test_validate_says_when_the_ledger_cannot_be_read_from_here(tmp_path, monkeypatch, capsys):
+    """A ledger this machine cannot open (a deployment's PostgreSQL) is said, not a refusal;
+    the charge is still checked against the whole cap."""
+    env, spec = _registered_project(tmp_path)
+    doc = yaml.safe_load(env.read_text())
+    doc["ledger_url"] = "postgresql://dp_spark@127.0.0.1:1/dp_spark"  # nothing listens on port 1
+    env.write_text(yaml.safe_dump(doc))
+    for var in ("DP_SPARK_LEDGER_KEY", "DP_SPARK_LEDGER_KEY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"], capsys)
+    assert rc == 0, err
+    assert "not checked against the ledger, which cannot be read from here" in out and "fits the cap" in out
