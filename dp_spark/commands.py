@@ -18,7 +18,6 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dp_spark import precheck

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from dp_spark import __version__
+from dp_spark import __version__, precheck
 from dp_spark.accountant import Accountant
 from dp_spark.background import Coalescing, alongside
 from dp_spark.budget import Budget, PureDP, ZCDP
@@ -46,7 +46,6 @@ from dp_spark.errors import (
     ReleaseConflictError,
     ReleaseFailedError,
 )
-from dp_spark import precheck
 from dp_spark.events import canonical_json
 from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
