@@ -21,6 +21,9 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_JARS := .jars-compat
 COMPAT_PINS := pyspark==4.0.1 delta-spark==4.0.1
 COMPAT_TESTS := tests/unit tests/spark
+# the slow statistical tests of pure code (no Spark, no JVM) already ran in `make test`; the
+# compat run keeps every Spark / JVM test and every quick pure one (the Python 3.12 axis)
+COMPAT_MARKERS := spark or jvm or not slow
 
 .PHONY: setup jars demo test test-fast test-cluster test-connect test-deploy \
 	setup-compat jars-compat test-compat print-compat-python clean
@@ -63,7 +66,7 @@ test-compat: setup-compat
 	    assert v[0].startswith('3.12.') and v[1].startswith('4.0.') and v[2].startswith('4.0.'), v"
 	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
 	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 \
-	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 $(COMPAT_TESTS)
+	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 -m "$(COMPAT_MARKERS)" $(COMPAT_TESTS)
 
 print-compat-python:
 	@echo $(COMPAT_PYTHON)
@@ -79,8 +82,12 @@ demo: setup
 test: setup
 	bash .ci/test.sh
 
+# Everything that needs no Spark, PostgreSQL or JVM (markers given by tests/conftest.py), with
+# no service started and no JVM to start: a test that needs one without its marker fails here.
+FAST_MARKERS := not spark and not pg and not jvm and not slow
 test-fast: setup
-	bash .ci/test.sh -m "not slow"
+	JAVA_HOME=/nonexistent/test-fast-has-no-jvm DP_SPARK_TEST_MODE=1 \
+	    $(PY) -m pytest -q -rs -p no:cacheprovider --durations=10 -m "$(FAST_MARKERS)"
 
 # Only the deployment tests, each with its service started and stopped around it.
 test-cluster: setup

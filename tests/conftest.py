@@ -1,4 +1,20 @@
-"""Shared pytest setup: the `slow` marker, Spark environment defaults, one Spark session."""
+"""Shared pytest setup: the markers, Spark environment defaults, one Spark session.
+
+Markers are given from what a test needs, not by hand (``pytest_collection_modifyitems``):
+
+* ``spark``: the test (or a fixture it uses, transitively) needs the ``spark`` session, or it
+  lives in ``tests/spark/``;
+* ``pg``: it runs against a PostgreSQL server (the ``postgres`` half of ``ledger_factory``,
+  ``pg_dsn`` / ``pg_admin``, or a throwaway server of its own);
+* ``jvm``: it starts a JVM in another process (a Spark standalone cluster, Spark Connect, a
+  notebook or the tutorial's commands as scripts): the tests in :data:`JVM_TESTS`;
+* ``slow`` (besides the statistical tests marked by hand): the long pure tests in
+  :data:`LONG_TESTS`.
+
+``make test-fast`` runs ``-m "not spark and not pg and not jvm and not slow"`` with no JVM on
+the path (a test that starts one without its marker fails there instead of being slow);
+``make test`` runs every test, whatever its markers.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +29,50 @@ if str(_REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(_REPO_ROOT))
 
 
+#: tests that start a JVM in a subprocess without the ``spark`` fixture: a file (relative to
+#: tests/) or a test (file::name). test-fast has no JVM, so a forgotten one fails there, loudly.
+JVM_TESTS = frozenset({
+    "deploy/test_cluster.py", "deploy/test_connect.py", "docs/test_tutorial.py", "unit/test_cli_spark.py",
+    "evaluation/test_notebooks.py::test_explore_epsilon_notebook_runs",
+    "evaluation/test_notebooks.py::test_publish_dau_aov_notebook_runs",
+})
+#: pure tests that take tens of seconds (many processes, a whole documentation build): marked
+#: slow, so out of test-fast's 3 minutes; `make test` runs them like every slow test
+LONG_TESTS = frozenset({
+    "ledger/test_concurrency.py::test_32_processes_exactly_10_succeed",
+    "docs/test_api_reference.py::test_the_reference_builds_with_a_page_per_public_module",
+})
+PG_FILES = frozenset({"ledger/test_durability.py"})
+PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: statistical or long-running test (still run in CI)")
+    config.addinivalue_line("markers", "pg: needs a PostgreSQL server (given from its fixtures)")
+    config.addinivalue_line("markers", "jvm: starts a JVM in another process (given from JVM_TESTS)")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test the markers of what it needs (module docstring)."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            rel = Path(str(item.fspath)).resolve().relative_to(tests_dir).as_posix()
+        except ValueError:
+            continue
+        fixtures = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "spark" in fixtures or rel.startswith("spark/"):
+            item.add_marker(pytest.mark.spark)
+        if fixtures & PG_FIXTURES or params.get("ledger_factory") == "postgres" or rel in PG_FILES:
+            item.add_marker(pytest.mark.pg)
+        test_id = f"{rel}::{getattr(item, 'originalname', item.name)}"
+        if rel in JVM_TESTS or test_id in JVM_TESTS:
+            item.add_marker(pytest.mark.jvm)
+        if test_id in LONG_TESTS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,9 @@ from dp_spark.units import Aggregate, ContributionBounds, Neighbouring
 
 _PART_BITS = 21
 _PART_MASK = 2**_PART_BITS - 1
+#: an exact sum's partials are three long parts: bits [0, 21), [21, 42) and the rest (public for
+#: the reference backend, dp_spark.backends.local)
+SUM_PART_BITS = _PART_BITS
 
 
 def _tag(clamp: Optional[Clamp], extra: str = "") -> str:
@@ -194,6 +197,16 @@ class Component:
         """The prefix of the partial columns of a ``sum`` / ``nsum`` component's clamped value
         sum (``<alias>_lo``, ``_mid``, ``_hi``: three exact long parts)."""
         return f"dp_s_{_tag(self.clamp)}"
+
+    @property
+    def square_alias(self) -> str:
+        """The prefix of an ``nsumsq`` component's partial columns (``_lo``, ``_mid``, ``_hi``)."""
+        return f"dp_sq_{_tag(self.clamp)}"
+
+    @property
+    def hist_alias(self) -> str:
+        """The prefix of a ``hist`` component's partial columns, one per bin (``_0``, ``_1``, ...)."""
+        return f"dp_h_{_tag(self.clamp, str(self.bins))}"
 
     def exact_sum(self, partials: dict[str, int], alias: Optional[str] = None) -> int:
         """The exact sum of the parts ``<alias>_hi`` 2^42 + ``_mid`` 2^21 + ``_lo`` of one cell."""
