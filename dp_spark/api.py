@@ -325,8 +325,8 @@ def _env_policies(env) -> dict:
     from dp_spark.ledger.policy import load_policies
 
     if env is None or isinstance(env, (str, Path)):
-        from dp_spark.cli import resolve_env
         from dp_spark.config import load_env
+        from dp_spark.env_file import resolve_env
 
         env = load_env(resolve_env(None if env is None else str(env)))
     return load_policies(env.policies)

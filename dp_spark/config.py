@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
+from dp_spark.env_file import DEFAULT_ENV, ENV_VAR, resolve_env
 from dp_spark.errors import ConfigError
 from dp_spark.spec.env import env_model
 # the release spec's names, where callers have always imported them from
@@ -135,29 +136,6 @@ def _export_secrets(refs: Mapping[str, Any], source: str) -> None:
     from dp_spark.secrets import export_secrets
 
     export_secrets(refs, source)
-
-
-#: the variable naming the env file when none is given
-ENV_VAR = "DP_SPARK_ENV"
-#: the project the package runs from (a source checkout or an editable install)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-#: the default env file: the project's own local env
-DEFAULT_ENV = str(PROJECT_ROOT / "conf" / "envs" / "local.yaml")
-
-
-def resolve_env(given: Optional[str | os.PathLike] = None, environ: Optional[Mapping[str, str]] = None) -> str:
-    """The env file to use: ``given`` when set, else ``$DP_SPARK_ENV``, else the project's
-    ``conf/envs/local.yaml`` (:data:`DEFAULT_ENV`), from any working folder. Raises
-    ConfigError when none exists."""
-    environ = os.environ if environ is None else environ
-    if given:
-        return str(given)
-    if environ.get(ENV_VAR):
-        return str(environ[ENV_VAR])
-    if Path(DEFAULT_ENV).is_file():
-        return DEFAULT_ENV
-    raise ConfigError(f"no env file: pass --env FILE or set ${ENV_VAR} (the default {DEFAULT_ENV} does not exist: "
-                      "the package is not running from a project checkout)")
 
 
 def load_env(path: Optional[str | os.PathLike] = None) -> EnvConfig:

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from dp_spark import __version__
+from dp_spark import __version__, precheck
 from dp_spark.accountant import Accountant
 from dp_spark.background import Coalescing, alongside
 from dp_spark.budget import Budget, PureDP, ZCDP
@@ -47,7 +47,7 @@ from dp_spark.errors import (
     ReleaseFailedError,
 )
 from dp_spark.events import canonical_json
-from dp_spark.ledger import ReleaseLimitExceededError, open_ledger, sqlite_path
+from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
 
@@ -306,23 +306,7 @@ class Engine:
         return path is None or Path(path).exists()
 
     def policy_for(self, spec: ReleaseSpec) -> BudgetPolicy:
-        if spec.budget_id not in self.policies:
-            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' is not declared in {self.env.policies}")
-        policy = self.policies[spec.budget_id]
-        if policy.measure != spec.charge.MEASURE:
-            from dp_spark.errors import MeasureMismatchError
-
-            raise MeasureMismatchError(
-                f"{spec.source}: release charges {spec.charge.MEASURE} but budget '{spec.budget_id}' "
-                f"accounts in {policy.measure}"
-            )
-        if policy.dataset != spec.dataset:
-            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' governs dataset '{policy.dataset}', "
-                              f"not '{spec.dataset}'")
-        if policy.privacy_unit != spec.unit.kind.value:
-            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' protects unit '{policy.privacy_unit}', "
-                              f"not '{spec.unit.kind.value}'")
-        return policy
+        return precheck.policy_for(spec, self.policies, self.env.policies)
 
     def _audit(self, spec: ReleaseSpec, decision: str, release_id: Optional[str], charge: Optional[Budget],
                detail: str = "") -> None:
@@ -416,16 +400,9 @@ class Engine:
         cost = acc.cost(plan.event)  # every event: the statistics' and a private key selection's
         if not cost.fits_in(charge):  # calibration rounds scales up, so the cost never exceeds the charge
             raise DpSparkError("internal: planned cost exceeds the declared charge")
-        if not policy.within_release_limit(charge):
-            # a property of the spec and the policy: refused whatever is spent (the ledger's
-            # reserve checks it again against the registered policy)
-            raise ReleaseLimitExceededError(spec.budget_id, policy.max_per_release, None, charge)
-        if charge.delta_part > 0 and policy.measure != "approx_dp" and policy.delta_cap == 0:
-            # a budget without a delta cap can never pay a delta: refused before any data is read,
-            # naming the policy field to add (the ledger's reserve checks every delta again)
-            from dp_spark.accountant import DeltaCapExceededError
-
-            raise DeltaCapExceededError(spec.budget_id, policy.cap, type(charge).zero(), charge)
+        # refused whatever is spent: the per-release maximum, a delta on a budget without a delta
+        # cap (the ledger's reserve checks both again)
+        precheck.check_charge_limits(spec, policy)
 
         location = self.env.dataset_location(spec.dataset)
         if snapshot is None:

@@ -23,22 +23,18 @@ after the day, so a scheduled job's log shows what is left. Nothing here reads o
 value before the engine has committed it; the rows a result carries are the published cells
 read back from the release table.
 
-``refresh_main`` is the command line of ``jobs/daily_refresh.py`` (and of ``dp-spark refresh``
-once the CLI dispatches to it)::
-
-    daily_refresh.py --env ENV --conf SPEC (--date D | --from D1 --to D2) [--republish]
-
-``D`` is an ISO date, ``today`` or ``yesterday`` (UTC).
+The command line is ``dp-spark refresh`` / ``backfill`` (:mod:`dp_spark.cli`, through
+:func:`dp_spark.commands.refresh`; ``jobs/daily_refresh.py`` is the same command); a day is an
+ISO date, ``today`` or ``yesterday`` (UTC, :func:`parse_day`). This module imports nothing of
+the CLI.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from dp_spark.budget import Budget
 from dp_spark.config import ReleaseSpec
@@ -54,9 +50,9 @@ __all__ = [
     "daily_refresh",
     "day_spec",
     "format_day",
+    "parse_day",
     "prior_releases",
-    "refresh_main",
-    "refresh_parser",
+    "today_utc",
 ]
 
 #: statuses of a day whose release is in the table and committed after the call
@@ -352,15 +348,16 @@ def backfill(engine, spec: ReleaseSpec, start: date, end: date, *, republish: bo
 
 
 # --------------------------------------------------------------------------------------
-# Command line
+# Days and the one-line report of a day
 # --------------------------------------------------------------------------------------
-def _today() -> date:
+def today_utc() -> date:
     return datetime.now(timezone.utc).date()
 
 
 def parse_day(text: str, *, today: Optional[date] = None) -> date:
-    """An ISO date, or ``today`` / ``yesterday`` in UTC (a scheduler's relative day)."""
-    today = today or datetime.now(timezone.utc).date()
+    """An ISO date, or ``today`` / ``yesterday`` in UTC (a scheduler's relative day).
+    Raises ValueError otherwise."""
+    today = today or today_utc()
     t = str(text).strip().lower()
     if t == "today":
         return today
@@ -369,14 +366,7 @@ def parse_day(text: str, *, today: Optional[date] = None) -> date:
     try:
         return date.fromisoformat(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO date, 'today' or 'yesterday': {text!r}") from None
-
-
-def refresh_parser(prog: str = "dp-spark refresh") -> argparse.ArgumentParser:
-    """The ``dp-spark refresh`` parser (kept here for old imports; the CLI owns it)."""
-    from dp_spark.cli import command_parser
-
-    return command_parser("refresh")
+        raise ValueError(f"not an ISO date, 'today' or 'yesterday': {text!r}") from None
 
 
 def _fmt_value(v: Any) -> str:
@@ -406,16 +396,3 @@ def format_day(r: DayResult) -> str:
     elif r.note and r.status not in STALE:
         parts.append(f"({r.note})")
     return "  ".join(parts)
-
-
-def refresh_main(argv: Optional[Sequence[str]] = None, *, engine=None, prog: str = "dp-spark refresh") -> int:
-    """``dp-spark refresh`` (:func:`dp_spark.cli.refresh_main`), kept here for old imports.
-    Exit status as documented in docs/cli.md: 0 every day served (or reported stale), 1 a day
-    failed, 2 the arguments or config are invalid, 3 with ``--strict`` when a day was left stale."""
-    from dp_spark.cli import refresh_main as _refresh
-
-    return _refresh(argv, engine=engine)
-
-
-def main() -> None:  # console-script style entry point
-    sys.exit(refresh_main())

@@ -19,12 +19,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dp_spark.cli import closed_pipe_safe, command_parser, explore_main  # noqa: E402
-
-
-def build_parser():
-    """The parser of ``dp-spark explore``."""
-    return command_parser("explore")
+from dp_spark.cli import closed_pipe_safe, explore_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -404,8 +404,9 @@ def test_each_job_principal_may_publish_each_of_its_specs_under_the_shipped_poli
         assert js.principal, f"{where}: no run_as principal"
         assert js.env_file == ENV_FILE, where
         capsys.readouterr()
-        assert cli.validate_main(["--env", str(js.env_file), "--conf", str(js.spec_file)]) == 0, \
-            f"{where}: {capsys.readouterr().err}"
+        # validate checks the access policy too: as the job's principal
+        argv = ["--env", str(js.env_file), "--conf", str(js.spec_file), "--principal", js.principal]
+        assert cli.validate_main(argv) == 0, f"{where}: {capsys.readouterr().err}"
         assert ": ok (" in capsys.readouterr().out, where
         env = load_env(js.env_file)
         # no $DP_SPARK_PRINCIPAL on a job: the principal is the platform's, matched strictly

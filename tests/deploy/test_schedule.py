@@ -11,6 +11,7 @@ import yaml
 from pyspark.sql import functions as F
 
 from dp_spark.budget import ZCDP
+from dp_spark.cli import refresh_main
 from dp_spark.config import load_env
 from dp_spark.errors import ConfigError
 from dp_spark.schedule import (
@@ -19,7 +20,6 @@ from dp_spark.schedule import (
     day_spec,
     format_day,
     parse_day,
-    refresh_main,
 )
 
 from .conftest import BUDGET, PRINCIPAL, ROOT, START, env_spec, local_engine, make_env, spec_path

@@ -1,4 +1,4 @@
-"""``dp-spark budget status|history|verify`` (python -m dp_spark.ledger.cli)."""
+"""``dp-spark budget status|history|verify`` (python -m dp_spark.cli budget)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from dp_spark.budget import ZCDP
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.cli import budget_command
+from dp_spark.cli.budget import budget_command
 from dp_spark.ledger.policy import load_policies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_ledger_url_from_environment(used_ledger, monkeypatch):
 def test_runs_as_a_module(used_ledger):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
-        [sys.executable, "-m", "dp_spark.ledger.cli", "status", "--ledger", used_ledger],
+        [sys.executable, "-m", "dp_spark.cli", "budget", "status", "--ledger", used_ledger],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

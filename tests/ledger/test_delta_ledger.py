@@ -160,7 +160,7 @@ def test_delta_cap_in_the_stored_policy_only_when_non_zero(ledger):
 
 def test_status_and_history_show_delta_and_epsilon(tmp_path):
     from dp_spark.ledger import open_ledger
-    from dp_spark.ledger.cli import budget_command
+    from dp_spark.cli.budget import budget_command
 
     pol = tmp_path / "budgets.yaml"
     pol.write_text(

@@ -11,7 +11,7 @@ import yaml
 
 from dp_spark.budget import ZCDP
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.cli import budget_command
+from dp_spark.cli.budget import budget_command
 from dp_spark.ledger.policy import load_policies
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import yaml
 from dp_spark import cli
 from dp_spark.budget import ZCDP
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.cli import BUDGET_SUBCOMMANDS
+from dp_spark.cli.budget import BUDGET_SUBCOMMANDS
 from dp_spark.ledger.policy import load_policies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def _no_ambient_env(monkeypatch):
 
 
 def _exit(argv, capsys) -> tuple[int, str, str]:
-    """Run ``dp-spark argv`` in process: (exit status, stdout, stderr), argparse's exits included."""
+    """Run ``dp-spark argv`` in process: (exit status, stdout, stderr), the usage/help exits included."""
     try:
         rc = cli.main(list(argv))
     except SystemExit as exc:
@@ -121,10 +121,12 @@ def test_version(capsys):
 def test_the_job_scripts_parse_like_their_commands(capsys):
     from jobs import explore_epsilon
 
-    assert explore_epsilon.build_parser().prog == "dp-spark explore"
-    assert cli.command_parser("refresh").parse_args(
-        ["--conf", "x", "--from", "2026-11-01", "--to", "2026-11-02"]).start.isoformat() == "2026-11-01"
-    assert cli._publish_parser().parse_args(["--conf", "x"]).env is None  # resolved when run
+    with pytest.raises(SystemExit) as exc:
+        explore_epsilon.main(["--help"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("usage: dp-spark explore")
+    assert cli.parse_args("refresh", ["--conf", "x", "--from", "2026-11-01", "--to", "2026-11-02"]
+                          )["start"].isoformat() == "2026-11-01"
+    assert cli.parse_args("publish", ["--conf", "x"])["env"] is None  # resolved when run
 
 
 # -- usage errors: exit 2 ------------------------------------------------------------------
@@ -169,7 +171,9 @@ def test_an_invalid_env_file_is_a_config_error(tmp_path, capsys):
 
 
 def test_no_env_anywhere_is_a_config_error(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli, "DEFAULT_ENV", str(tmp_path / "absent.yaml"))
+    from dp_spark import env_file
+
+    monkeypatch.setattr(env_file, "DEFAULT_ENV", str(tmp_path / "absent.yaml"))
     rc, _, err = _exit(["validate", "--conf", str(MULTI)], capsys)
     assert rc == 2 and "no env file: pass --env FILE or set $DP_SPARK_ENV" in err
 
@@ -265,14 +269,14 @@ def test_explore_is_the_epsilon_explorer(tmp_path, capsys):
 @pytest.mark.parametrize("module,argv", [
     ("dp_spark.cli", ["budget", "history", "--budget", "demo_events_user"]),
     ("dp_spark.cli", ["budget", "status"]),
-    ("dp_spark.ledger.cli", ["history", "--budget", "demo_events_user"]),
+    ("dp_spark.cli", ["budget", "--env", "{env}", "history", "--budget", "demo_events_user"]),
 ])
 def test_a_closed_pipe_ends_quietly(module, argv, tmp_path):
     env = make_project(tmp_path)
     spend(tmp_path, releases=1500, charge="0.001")  # far more output than a pipe buffer holds
     environ = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     environ.pop("DP_SPARK_LEDGER_URL", None)
-    cmd = " ".join([sys.executable, "-m", module, *argv, "--env", str(env)])
+    cmd = " ".join([sys.executable, "-m", module, *(a.format(env=env) for a in argv), "--env", str(env)])
     proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} 2>{tmp_path / 'err'} | head -1; "
                                          "echo \"status=${PIPESTATUS[0]}\""],
                           cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
@@ -291,4 +295,73 @@ def test_docs_cli_describes_every_command_and_the_exit_codes():
     for sub in BUDGET_SUBCOMMANDS:
         assert f"budget {sub}" in text, sub
     assert "DP_SPARK_ENV" in text and "## Exit codes" in text and "141" in text
-    assert "argparse" in text  # why not click/Typer
+    assert "click" in text  # why click
+
+
+# -- validate: what publish would refuse, before Spark ---------------------------------------
+def _registered_project(tmp_path: Path) -> tuple[Path, Path]:
+    """A project whose conf/releases holds the AOV spec (pre-registered there)."""
+    env = make_project(tmp_path)
+    (tmp_path / "conf" / "releases").mkdir()
+    spec = tmp_path / "conf" / "releases" / AOV.name
+    shutil.copy(AOV, spec)
+    return env, spec
+
+
+def test_validate_checks_the_access_policy_for_the_principal(tmp_path, monkeypatch, capsys):
+    env, spec = _registered_project(tmp_path)
+    rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"], capsys)
+    assert rc == 0, err
+    assert ": ok (aov_by_region" in out and "access: publisher_bob (--principal) may publish it (official)" in out
+    assert "no ledger yet" in out and "checked against the input's schema at publish" in out
+    # an analyst may not publish officially; an unlisted principal gets nothing (default deny)
+    rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "analyst_alice"], capsys)
+    assert rc == 2 and "ok (" not in out
+    assert err.startswith(f"dp-spark: error: {spec}: ") and "may not publish:official" in err
+    rc, _, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "mallory"], capsys)
+    assert rc == 2 and "not listed in the access policy" in err
+    rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "analyst_alice",
+                          "--mode", "exploration"], capsys)
+    assert rc == 0 and "analyst_alice (--principal) may publish it (exploration)" in out, err
+    # without --principal: the one a job here runs as ($DP_SPARK_PRINCIPAL on a test or local env)
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", "analyst_alice")
+    rc, _, err = _exit(["validate", "--env", str(env), "--conf", str(spec)], capsys)
+    assert rc == 2 and "principal 'analyst_alice'" in err
+    # a spec outside the registered folder is refused for an official release
+    rc, _, err = _exit(["validate", "--env", str(env), "--conf", str(AOV), "--principal", "publisher_bob"], capsys)
+    assert rc == 2 and "not pre-registered" in err
+    assert not (tmp_path / "wh").exists()  # nothing created, no refusal audited
+
+
+def test_validate_refuses_a_charge_that_does_not_fit_the_remaining_budget(tmp_path, capsys):
+    env, spec = _registered_project(tmp_path)
+    spend(tmp_path, releases=7)  # 7 x rho 0.25 of the monthly cap 2: 0.25 left, the AOV's charge fits
+    argv = ["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"]
+    rc, out, err = _exit(argv, capsys)
+    assert rc == 0, err
+    assert "remaining now zcdp(rho=0.25," in out and "after this release: zcdp(rho=0," in out
+    spend_more = open_ledger(f"sqlite:{tmp_path / 'wh' / 'ledger.db'}")
+    with spend_more as led:
+        led.reserve("demo_events_user", "rel-extra", ZCDP("0.001"), "{}", principal="alice", code_version="v1",
+                    release_family="dau_daily", owner_token="o")
+    rc, out, err = _exit(argv, capsys)
+    assert rc == 2 and "ok (" not in out
+    assert f"dp-spark: error: {spec}: the charge" in err and "does not fit the remaining" in err
+    rc, out, _ = _exit(["plan", "--env", str(env), "--conf", str(spec)], capsys)  # plan says the same
+    assert rc == 0 and "REFUSED (does not fit)" in out
+    with open_ledger(f"sqlite:{tmp_path / 'wh' / 'ledger.db'}") as led:
+        assert len(led.audit_rows()) == 0  # validate wrote nothing
+
+
+def test_validate_says_when_the_ledger_cannot_be_read_from_here(tmp_path, monkeypatch, capsys):
+    """A ledger this machine cannot open (a deployment's PostgreSQL) is said, not a refusal;
+    the charge is still checked against the whole cap."""
+    env, spec = _registered_project(tmp_path)
+    doc = yaml.safe_load(env.read_text())
+    doc["ledger_url"] = "postgresql://dp_spark@127.0.0.1:1/dp_spark"  # nothing listens on port 1
+    env.write_text(yaml.safe_dump(doc))
+    for var in ("DP_SPARK_LEDGER_KEY", "DP_SPARK_LEDGER_KEY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"], capsys)
+    assert rc == 0, err
+    assert "not checked against the ledger, which cannot be read from here" in out and "fits the cap" in out

@@ -41,3 +41,31 @@ def test_scipy_loaded_at_first_use():
         "print(t > 0, calibration.analytic_gaussian_delta(1.0, 1.0) > 0)\n"
     )
     assert _run(code) == "True True"
+
+
+def test_the_cli_loads_no_spark_no_engine_no_chart_library():
+    """`dp-spark --help` and the Spark-free commands (plan, validate, budget) import neither
+    pyspark, the engine nor matplotlib: the CLI imports those where a command needs them. (pydantic
+    is loaded: the release spec is a pydantic model, and every command reads a spec or an env.)"""
+    code = ("import sys, dp_spark.cli\n"
+            "print(sorted(m for m in ('pyspark', 'dp_spark.engine', 'matplotlib') if m in sys.modules))")
+    assert _run(code) == "[]"
+
+
+def test_nothing_in_the_package_imports_the_cli():
+    """Imports point down: the CLI (dp_spark/cli/) imports the engine, the ledger, the schedule;
+    no other module of dp_spark imports the CLI, at module or function level."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "dp_spark").rglob("*.py")):
+        if (ROOT / "dp_spark" / "cli") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.ImportFrom) and node.module == "dp_spark":
+                names = [f"dp_spark.{a.name}" for a in node.names]
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                          if n == "dp_spark.cli" or n.startswith("dp_spark.cli.") or n.startswith("dp_spark.ledger.cli")]
+    assert offenders == []

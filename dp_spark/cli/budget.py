@@ -1,12 +1,14 @@
-"""``dp-spark budget status|history|verify``: what each budget allows, spent, and on what.
+"""``dp-spark budget status|history|verify|rebuild-mirror|accept-policy``: what each budget
+allows, spent, and on what.
 
-    python -m dp_spark.ledger.cli status [--budget ID] [--ledger URL] [--policies PATH] [--json]
-    python -m dp_spark.ledger.cli history --budget ID [--ledger URL] [--json]
-    python -m dp_spark.ledger.cli verify [--ledger URL]
-    python -m dp_spark.ledger.cli rebuild-mirror [--env ENV]   (starts Spark; writes the mirror only)
-    python -m dp_spark.ledger.cli accept-policy --budget ID --reason TEXT [--env ENV]   (admin)
+    dp-spark budget status [--budget ID] [--ledger URL] [--policies PATH] [--json]
+    dp-spark budget history --budget ID [--ledger URL] [--json]
+    dp-spark budget verify [--ledger URL]
+    dp-spark budget rebuild-mirror [--env ENV]   (starts Spark; writes the mirror only)
+    dp-spark budget accept-policy --budget ID --reason TEXT [--env ENV]   (admin)
 
-Every subcommand takes ``--env ENV`` (default: ``$DP_SPARK_ENV``, else the project's
+``python -m dp_spark.cli budget SUBCOMMAND ...`` is the same. Every subcommand takes ``--env ENV``
+(before or after the subcommand; default: ``$DP_SPARK_ENV``, else the project's
 ``conf/envs/local.yaml``; see docs/cli.md): the ledger and the budget policy file are the env
 file's, resolved against the env file's project root, never the current directory.
 ``--ledger URL`` (or ``$DP_SPARK_LEDGER_URL``) and ``--policies PATH`` override them.
@@ -19,61 +21,37 @@ policy file, missing ledger).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
+import click
+
+from dp_spark import commands
+from dp_spark.accountant import Accountant
 from dp_spark.budget import MEASURES, Budget
+from dp_spark.cli.base import Group, env_option, run
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.base import BudgetStatus, Ledger, LedgerEntry, UnknownBudgetError, ts_text
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
+from dp_spark.precheck import LedgerNotFoundError, require_existing_ledger
 
-__all__ = ["budget_command", "run_budget", "add_budget_arguments", "accept_policy_command", "main",
-           "BUDGET_SUBCOMMANDS", "LedgerNotFoundError", "DEFAULT_LEDGER_URL", "DEFAULT_POLICIES", "LEDGER_URL_ENV"]
+__all__ = ["BUDGET_SUBCOMMANDS", "LEDGER_URL_ENV", "LedgerNotFoundError", "as_epsilon", "budget",
+           "budget_command", "fmt_budget"]
 
 LEDGER_URL_ENV = "DP_SPARK_LEDGER_URL"
-DEFAULT_LEDGER_URL = "sqlite:warehouse/ledger.db"
-DEFAULT_POLICIES = "conf/policies/budgets.yaml"
-
-
-def _env_option(p: argparse.ArgumentParser, default: Any = None) -> None:
-    p.add_argument("--env", default=default, metavar="ENV",
-                   help="environment file: its ledger, budget policies and paths (default: $DP_SPARK_ENV, "
-                        "else the project's conf/envs/local.yaml)")
-
-
-def add_budget_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``budget`` subcommands, on ``p`` (``dp-spark budget`` or ``python -m dp_spark.ledger.cli``)."""
-    # --env before or after the subcommand (dp-spark budget --env E status, or status --env E):
-    # the subcommands' own --env sets nothing unless given, so it never hides the first
-    _env_option(p)
-    common = argparse.ArgumentParser(add_help=False)
-    _env_option(common, argparse.SUPPRESS)
-    common.add_argument("--ledger", default=None, metavar="URL",
-                        help=f"ledger URL (default: ${LEDGER_URL_ENV}, else the env's ledger_url)")
-    common.add_argument("--policies", default=None, metavar="PATH",
-                        help="budget policy file (default: the env's)")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="SUBCOMMAND")
-    s = sub.add_parser("status", parents=[common], help="cap, spent, remaining and window of each budget")
-    s.add_argument("--budget", default=None, metavar="ID", help="only this budget")
-    h = sub.add_parser("history", parents=[common], help="every release that spent a budget")
-    h.add_argument("--budget", required=True, metavar="ID")
-    sub.add_parser("verify", parents=[common], help="check the integrity of the whole ledger")
-    m = sub.add_parser("rebuild-mirror", help="rebuild the env's Delta mirror of the ledger and audit log "
-                                              "from the SQL ledger (the authority)")
-    _env_option(m, argparse.SUPPRESS)
-    a = sub.add_parser("accept-policy", help="admin: apply a changed budget policy file (recorded, audited)")
-    a.add_argument("--budget", required=True, metavar="ID")
-    a.add_argument("--reason", required=True, help="why: recorded in the audit log and the policy history")
-    _env_option(a, argparse.SUPPRESS)
-
+BUDGET_HELP = "budgets: status, history, verify, rebuild-mirror, accept-policy"
+BUDGET_DESCRIPTION = "Privacy budgets: cap, spent, remaining, and the releases that spent them."
+BUDGET_EPILOG = """\
+A ledger that does not exist is an error naming its path (status, history, verify never create one).
+exit codes: 0 ok; 1 unknown budget, unreachable or tampered ledger, refused; 2 bad arguments,
+env or policy file, or no ledger at the env's path."""
 
 BUDGET_SUBCOMMANDS = {
     "status": "cap, spent, remaining and window of each budget",
@@ -82,55 +60,6 @@ BUDGET_SUBCOMMANDS = {
     "rebuild-mirror": "rebuild the env's Delta mirror of the ledger from the SQL ledger",
     "accept-policy": "admin: apply a changed budget policy file (recorded, audited)",
 }
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dp-spark budget", description="Privacy budgets: cap, spent, remaining, releases.")
-    add_budget_arguments(p)
-    return p
-
-
-class LedgerNotFoundError(ConfigError):
-    """A command that only reads the ledger was pointed at one that does not exist."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(f"no ledger at {Path(path).resolve()}: nothing has been published with this env yet, or "
-                         "--env / --ledger points at the wrong place")
-        self.path = path
-
-
-def accept_policy_command(args: argparse.Namespace, out: TextIO, *, spark: Any = None,
-                          environ: Optional[dict] = None) -> int:
-    """``accept-policy``: the env's admin applies the env's policy file for one budget.
-
-    The principal is resolved like a job's (:func:`~dp_spark.governance.access.resolve_principal`,
-    ``$DP_SPARK_PRINCIPAL`` only on the local env); it must hold the ``admin`` role in the
-    env's ``access.yaml`` (a refusal is audited). The change, with its reason, is written to
-    the budget's policy history and the audit log in one ledger transaction."""
-    from dp_spark.config import load_env
-    from dp_spark.governance.access import access_policy_for_env, authorize, resolve_principal
-
-    environ = dict(os.environ) if environ is None else environ
-    if not args.reason.strip():
-        raise DpSparkError("--reason must say why the policy changes")
-    from dp_spark.cli import resolve_env
-
-    env = load_env(resolve_env(args.env, environ))
-    policies = load_policies(env.policies)
-    if args.budget not in policies:
-        raise UnknownBudgetError(args.budget)
-    _require_sqlite(env.ledger_url)
-    access = access_policy_for_env(env, environ)
-    principal = resolve_principal(spark, environ, env_name=env.name)
-    with open_ledger(env.ledger_url) as ledger:
-        authorize(access, principal, "admin", ledger=ledger, spec_name=f"accept-policy:{args.budget}")
-        rec = ledger.accept_policy(policies[args.budget], principal=principal, reason=args.reason.strip())
-    if rec is None:
-        print(f"budget {args.budget}: the policy file equals the registered policy; nothing to accept", file=out)
-        return 0
-    print(f"budget {args.budget}: policy version {rec.version} accepted by {principal} "
-          f"({rec.policy_hash[:12]}): " + "; ".join(rec.changes), file=out)
-    return 0
 
 
 def _num(v: Fraction) -> str:
@@ -146,16 +75,14 @@ def fmt_budget(b: Budget, policy: Optional[BudgetPolicy] = None, *, show_delta: 
     own delta (``Accountant.statement``)."""
     shown = [f for f in b.FIELDS if f not in b.OPTIONAL or show_delta or getattr(b, f) > 0]
     text = ", ".join(f"{f}={_num(getattr(b, f))}" for f in shown)
-    return text + _as_epsilon(b, policy)
+    return text + as_epsilon(b, policy)
 
 
-def _as_epsilon(b: Budget, policy: Optional[BudgetPolicy]) -> str:
+def as_epsilon(b: Budget, policy: Optional[BudgetPolicy]) -> str:
     """`` (epsilon=E at delta=D)`` for a zcdp amount with rho > 0 under a policy with a
     statement delta; empty otherwise."""
     if policy is None or b.MEASURE != "zcdp" or policy.statement_delta is None or b.rho == 0:
         return ""
-    from dp_spark.accountant import Accountant
-
     st = Accountant("zcdp", statement_delta=policy.statement_delta).statement(b)
     return f" (epsilon={st['epsilon']:.4g} at delta={st['delta']:.3g})"
 
@@ -165,8 +92,6 @@ def _delta_json(policy: BudgetPolicy, cap: Budget, spent: Budget, remaining: Bud
     out: dict[str, Any] = {"delta_cap": str(cap.delta_part), "delta_spent": str(spent.delta_part),
                            "delta_remaining": str(remaining.delta_part)}
     if policy.measure == "zcdp" and policy.statement_delta is not None:
-        from dp_spark.accountant import Accountant
-
         acc = Accountant("zcdp", statement_delta=policy.statement_delta)
         for name, amount in (("spent", spent), ("cap", cap)):
             st = acc.statement(amount)  # one OpenDP conversion per amount
@@ -178,18 +103,11 @@ def _ts(dt: Optional[datetime]) -> str:
     return "-" if dt is None else ts_text(dt)[:19] + "Z"
 
 
-def _require_sqlite(url: str) -> None:
-    """A SQLite ledger that does not exist is an error naming its path (never "nothing spent")."""
-    path = sqlite_path(url)
-    if path is not None and not Path(path).exists():
-        raise LedgerNotFoundError(path)
-
-
 def _open(url: str) -> Ledger:
     """The existing ledger at ``url``; a missing SQLite file raises :class:`LedgerNotFoundError`."""
     path = sqlite_path(url)
     if path is not None:
-        _require_sqlite(url)
+        require_existing_ledger(url)
         return open_ledger(url, create=False)
     return open_ledger(url)
 
@@ -247,7 +165,7 @@ def _status_block(bid: str, policy: BudgetPolicy, st: Optional[BudgetStatus], in
     _print_entries(in_window, out, indent="    ", policy=policy)
 
 
-def _status(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[str, BudgetPolicy],
+def _status(args: Args, ledger: Optional[Ledger], policies: dict[str, BudgetPolicy],
             out: TextIO) -> int:
     known = set(policies)
     if ledger is not None:
@@ -298,7 +216,7 @@ def _status(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[s
     return 0
 
 
-def _history(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[str, BudgetPolicy],
+def _history(args: Args, ledger: Optional[Ledger], policies: dict[str, BudgetPolicy],
              out: TextIO) -> int:
     if ledger is None or args.budget not in ledger.budget_ids():
         if args.budget in policies:
@@ -320,53 +238,32 @@ def _history(args: argparse.Namespace, ledger: Optional[Ledger], policies: dict[
     return 0
 
 
-def _sources(args: argparse.Namespace, environ: dict) -> tuple[str, Optional[Path]]:
+@dataclass(frozen=True)
+class Args:
+    """A parsed read-only budget subcommand."""
+
+    cmd: str
+    env: Optional[str] = None
+    ledger: Optional[str] = None
+    policies: Optional[str] = None
+    json: bool = False
+    budget: Optional[str] = None
+
+
+def _sources(args: Args, environ: dict) -> tuple[str, Optional[Path]]:
     """The ledger URL and policy file: ``--ledger`` / ``$DP_SPARK_LEDGER_URL`` and ``--policies``
     when given, otherwise the env file's (resolved against its project root)."""
     url = args.ledger or environ.get(LEDGER_URL_ENV)
     policies = Path(args.policies) if args.policies else None
     if url is None or policies is None:
-        from dp_spark.cli import resolve_env
-        from dp_spark.config import load_env
-
-        env = load_env(resolve_env(args.env, environ))
+        env = commands.env_for(args.env, environ)
         url = url or env.ledger_url
         policies = policies or Path(env.policies)
     return url, policies
 
 
-def run_budget(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run a parsed ``budget`` subcommand. Errors are printed as ``dp-spark: error: ...``:
-    exit 2 for a configuration error (env, policy file, missing ledger), 1 for any other
-    (an unknown budget, an unreachable or tampered ledger, a refused permission)."""
-    out = out or sys.stdout
-    err = err or sys.stderr
-    try:
-        return _run_budget(args, out)
-    except UnknownBudgetError as exc:  # exit 1, as before this command had --env
-        print(f"dp-spark: error: {exc}", file=err)
-        return 1
-    except ConfigError as exc:
-        print(f"dp-spark: error: {exc}", file=err)
-        return 2
-    except DpSparkError as exc:
-        print(f"dp-spark: error: {exc}", file=err)
-        return 1
-
-
-def _run_budget(args: argparse.Namespace, out: TextIO) -> int:
-    environ = dict(os.environ)
-    if args.cmd == "rebuild-mirror":
-        from dp_spark.cli import resolve_env
-        from dp_spark.config import load_env
-        from dp_spark.ledger.mirror import rebuild_mirror_command
-
-        env_path = resolve_env(args.env, environ)
-        _require_sqlite(load_env(env_path).ledger_url)
-        return rebuild_mirror_command(env_path, out)
-    if args.cmd == "accept-policy":
-        return accept_policy_command(args, out, environ=environ)
-    url, policy_file = _sources(args, environ)
+def _read(args: Args, out: TextIO) -> int:
+    url, policy_file = _sources(args, dict(os.environ))
     policies = load_policies(policy_file) if policy_file is not None else {}
     ledger = _open(url)
     try:
@@ -381,21 +278,130 @@ def _run_budget(args: argparse.Namespace, out: TextIO) -> int:
         ledger.close()
 
 
+def _guarded(fn, out: TextIO, err: TextIO) -> int:
+    """Run a subcommand. Errors are printed as ``dp-spark: error: ...``: exit 2 for a
+    configuration error (env, policy file, missing ledger), 1 for any other (an unknown budget,
+    an unreachable or tampered ledger, a refused permission)."""
+    try:
+        return fn(out)
+    except UnknownBudgetError as exc:  # exit 1, as before this command had --env
+        print(f"dp-spark: error: {exc}", file=err)
+        return 1
+    except ConfigError as exc:
+        print(f"dp-spark: error: {exc}", file=err)
+        return 2
+    except DpSparkError as exc:
+        print(f"dp-spark: error: {exc}", file=err)
+        return 1
+
+
+def _streams(ctx: click.Context) -> tuple[TextIO, TextIO]:
+    obj = ctx.find_object(dict) or {}
+    return obj.get("out") or sys.stdout, obj.get("err") or sys.stderr
+
+
+def _env(ctx: click.Context, given: Optional[str]) -> Optional[str]:
+    """``--env`` after the subcommand, else before it (``dp-spark budget --env E status``)."""
+    return given or (ctx.parent.params.get("env") if ctx.parent is not None else None)
+
+
+def _read_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="machine-readable output")(f)
+    f = click.option("--policies", default=None, metavar="PATH", help="budget policy file (default: the env's)")(f)
+    f = click.option("--ledger", default=None, metavar="URL",
+                     help=f"ledger URL (default: ${LEDGER_URL_ENV}, else the env's ledger_url)")(f)
+    return env_option()(f)
+
+
+@click.group("budget", cls=Group, help=BUDGET_DESCRIPTION, short_help=BUDGET_HELP, epilog=BUDGET_EPILOG,
+             subcommand_metavar="SUBCOMMAND [ARGS]...")
+@env_option()
+def budget(env: Optional[str]) -> None:
+    """The ``budget`` group: its subcommands do the work."""
+
+
+def _read_command(name: str, ctx: click.Context, **params: Any) -> int:
+    out, err = _streams(ctx)
+    params["env"] = _env(ctx, params.get("env"))
+    args = Args(cmd=name, json=params.pop("as_json", False), **params)
+    return _guarded(lambda o: _read(args, o), out, err)
+
+
+@budget.command("status", short_help="cap, spent, remaining and window of each budget",
+                help="Cap, spent, remaining and window of each budget, and the releases in the window.")
+@click.option("--budget", "budget_id", default=None, metavar="ID", help="only this budget")
+@_read_options
+@click.pass_context
+def status(ctx: click.Context, budget_id: Optional[str], **params: Any) -> int:
+    return _read_command("status", ctx, budget=budget_id, **params)
+
+
+@budget.command("history", short_help="every release that spent a budget",
+                help="Every release that spent a budget.")
+@click.option("--budget", "budget_id", required=True, metavar="ID", help="the budget")
+@_read_options
+@click.pass_context
+def history(ctx: click.Context, budget_id: str, **params: Any) -> int:
+    return _read_command("history", ctx, budget=budget_id, **params)
+
+
+@budget.command("verify", short_help="check the integrity of the whole ledger",
+                help="Check the integrity of the whole ledger: every budget row, entry chain, binding and "
+                     "audit row.")
+@_read_options
+@click.pass_context
+def verify(ctx: click.Context, **params: Any) -> int:
+    return _read_command("verify", ctx, **params)
+
+
+@budget.command("rebuild-mirror", short_help="rebuild the env's Delta mirror of the ledger from the SQL ledger",
+                help="Rebuild the env's Delta mirror of the ledger and audit log from the SQL ledger (the "
+                     "authority). Starts Spark; writes the mirror only.")
+@env_option()
+@click.pass_context
+def rebuild_mirror(ctx: click.Context, env: Optional[str]) -> int:
+    out, err = _streams(ctx)
+
+    def go(o: TextIO) -> int:
+        from dp_spark.ledger.mirror import rebuild_mirror_command  # starts Spark: pyspark
+
+        env_path = commands.resolve_env(_env(ctx, env))
+        require_existing_ledger(commands.load_env(env_path).ledger_url)
+        return rebuild_mirror_command(env_path, o)
+
+    return _guarded(go, out, err)
+
+
+@budget.command("accept-policy", short_help="admin: apply a changed budget policy file (recorded, audited)",
+                help="Admin: apply the env's changed budget policy file for one budget. The change and its "
+                     "reason are recorded in the policy history and the audit log; a refusal is audited.")
+@click.option("--budget", "budget_id", required=True, metavar="ID", help="the budget")
+@click.option("--reason", required=True, help="why: recorded in the audit log and the policy history")
+@env_option()
+@click.pass_context
+def accept_policy(ctx: click.Context, budget_id: str, reason: str, env: Optional[str]) -> int:
+    out, err = _streams(ctx)
+
+    def go(o: TextIO) -> int:
+        principal, rec = commands.accept_policy(commands.env_for(_env(ctx, env)), budget_id, reason)
+        if rec is None:
+            print(f"budget {budget_id}: the policy file equals the registered policy; nothing to accept", file=o)
+            return 0
+        print(f"budget {budget_id}: policy version {rec.version} accepted by {principal} "
+              f"({rec.policy_hash[:12]}): " + "; ".join(rec.changes), file=o)
+        return 0
+
+    return _guarded(go, out, err)
+
+
+#: subcommand -> its one-line description (``dp-spark --help``)
+BUDGET_SUBCOMMANDS = {name: cmd.get_short_help_str(200) for name, cmd in budget.commands.items()}
+
+
 def budget_command(argv: Sequence[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """``dp-spark budget ...`` from an argument list. Returns the exit status (2: usage)."""
     try:
-        args = _parser().parse_args(list(argv))
-    except SystemExit as exc:  # argparse: usage error (2) or --help (0)
+        return run(budget, list(argv), "dp-spark budget", obj={"out": out, "err": err})
+    except SystemExit as exc:  # a usage error (2) or --help (0)
         return int(exc.code or 0)
-    return run_budget(args, out, err)
 
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m dp_spark.ledger.cli ...``: the same as ``dp-spark budget ...``."""
-    from dp_spark.cli import closed_pipe_safe
-
-    return closed_pipe_safe(lambda: budget_command(sys.argv[1:] if argv is None else list(argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
