@@ -25,7 +25,7 @@ COMPAT_TESTS := tests/unit tests/spark
 # compat run keeps every Spark / JVM test and every quick pure one (the Python 3.12 axis)
 COMPAT_MARKERS := spark or jvm or not slow
 
-.PHONY: setup jars demo test test-fast test-cluster test-connect test-deploy \
+.PHONY: setup jars demo test test-fast lint test-cluster test-connect test-deploy \
 	setup-compat jars-compat test-compat print-compat-python clean
 
 setup: $(VENV)/.installed jars
@@ -85,6 +85,13 @@ test: setup
 # Everything that needs no Spark, PostgreSQL or JVM (markers given by tests/conftest.py), with
 # no service started and no JVM to start: a test that needs one without its marker fails here.
 FAST_MARKERS := not spark and not pg and not jvm and not slow
+# The layers (import-linter contracts in .importlinter: the pure layers import no pyspark, arrows
+# point down), ruff and mypy on the package. .ci/run runs it before the tests.
+lint: setup
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check dp_spark
+	$(VENV)/bin/mypy --cache-dir /tmp/dp_spark_mypy_cache
+
 test-fast: setup
 	JAVA_HOME=/nonexistent/test-fast-has-no-jvm DP_SPARK_TEST_MODE=1 \
 	    $(PY) -m pytest -q -rs -p no:cacheprovider --durations=10 -m "$(FAST_MARKERS)"

@@ -125,7 +125,7 @@ def one_sort(df, *, unit_col, partition_col, l0, linf, k, salt):
 
 def bound_contributions(df, *, unit_col, partition_col, l0, linf, k, salt):
     """What dp_spark runs (the three windows above, the Linf window skipped when Linf >= K)."""
-    from dp_spark.transforms.bounding import bound_contributions as bound
+    from dp_spark.backends.bounding import bound_contributions as bound
 
     return bound(df, unit_col=unit_col, partition_col=partition_col, max_partitions_per_unit=l0,
                  max_rows_per_partition=linf, max_rows_per_unit=k, salt=salt)

@@ -5,7 +5,7 @@ engine's own noise and post-processing with the seeded exact sampler (no Spark; 
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py           # print the table
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py --write   # and put it in docs/accuracy.md
 
-Exit status 0 when every entry holds (dp_spark.statistics.coverage.check), 1 otherwise (the
+Exit status 0 when every entry holds (dp_spark.evaluation.coverage.check), 1 otherwise (the
 failures are listed). The test tests/statistical/test_coverage_table.py runs the same checks.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dp_spark.statistics import coverage  # noqa: E402
+from dp_spark.evaluation import coverage  # noqa: E402
 
 DOC = ROOT / "docs" / "accuracy.md"
 START, END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"

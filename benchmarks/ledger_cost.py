@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dp_spark.budget import PureDP  # noqa: E402
+from dp_spark.core.budget import PureDP  # noqa: E402
 from dp_spark.ledger import open_ledger  # noqa: E402
 from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy  # noqa: E402
 

@@ -31,7 +31,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from ledger_cost import KEY, _policy, _reserve  # noqa: E402
 
 from dp_spark.ledger import open_ledger  # noqa: E402
-from dp_spark.ledger.mirror import mirror_to_delta  # noqa: E402
+from dp_spark.delta.mirror import mirror_to_delta  # noqa: E402
 
 
 def main() -> int:

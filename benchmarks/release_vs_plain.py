@@ -137,7 +137,7 @@ class Threads:
     def __init__(self):
         import dp_spark.background as bg
         import dp_spark.engine as eng
-        import dp_spark.ledger.mirror as mirror
+        import dp_spark.delta.mirror as mirror
 
         self._mods = (bg, eng, mirror)
         self._real = bg.alongside
@@ -168,7 +168,7 @@ class Stages:
     def install(self) -> None:
         import dp_spark.governance as gov
         import dp_spark.governance.versions as versions
-        import dp_spark.release.writer as writer
+        import dp_spark.delta.release_table as writer
         from dp_spark.engine import Engine
 
         def wrap(owner, name, label):

@@ -65,7 +65,7 @@ SMALL_SHARE = 0.25  # "small regions": the quarter of regions with the fewest bo
 
 def _demo_frame(spark, env, users):
     from dp_spark.demo_data import generate_events
-    from dp_spark.release.writer import table_exists
+    from dp_spark.delta.release_table import table_exists
 
     demo = dict(env.demo)
     location = env.dataset_location(demo.get("dataset", "demo_events"))
@@ -81,7 +81,7 @@ def _demo_frame(spark, env, users):
 
 
 def _charge(measure: str, eps: float):
-    from dp_spark.budget import PureDP, ZCDP
+    from dp_spark.core.budget import PureDP, ZCDP
     from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
 
     if measure == "pure_dp":
@@ -172,7 +172,7 @@ PEERS = {"dp_spark before (three single-metric releases)": {"aov": 0.370, "reven
 def peer_job(rows: int, runs: int, l0: int = 20) -> int:
     import numpy as np
 
-    from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+    from dp_spark.backends.spark import build_query_partials, collect_query_partials
     from dp_spark.config import release_spec_from_dict
     from dp_spark.demo_data import generate_events
     from dp_spark.mechanisms.samplers import default_source

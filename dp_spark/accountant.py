@@ -35,9 +35,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Iterable, Optional
 
-from dp_spark.budget import ApproxDP, Budget, MEASURES, PureDP, ZCDP, to_fraction
+from dp_spark.core.budget import ApproxDP, Budget, MEASURES, PureDP, ZCDP, to_fraction
 from dp_spark.errors import BudgetExceededError, ConfigError, InvalidBudgetError, MeasureMismatchError
-from dp_spark.events import ComposedEvent, Event, LAPLACE, NoiseEvent
+from dp_spark.core.events import ComposedEvent, Event, LAPLACE, NoiseEvent
 
 __all__ = ["Accountant", "PrivacyFilter", "DeltaCapExceededError", "budget_exceeded"]
 

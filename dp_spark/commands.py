@@ -290,7 +290,7 @@ def generate_demo(env: EnvConfig, *, force: bool = False) -> DemoData:
     """Write the env's demo dataset unless it exists (a rewrite is a new input snapshot, so the
     next publish would be a new release and charge the budget again)."""
     from dp_spark.demo_data import generate_events  # pyspark
-    from dp_spark.release.writer import table_exists
+    from dp_spark.delta.release_table import table_exists
     from dp_spark.spark import get_or_create_session
 
     demo = dict(env.demo)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Optional
 from dp_spark import __version__, precheck
 from dp_spark.accountant import Accountant
 from dp_spark.background import Coalescing, alongside
-from dp_spark.budget import Budget, PureDP, ZCDP
+from dp_spark.core.budget import Budget, PureDP, ZCDP
 from dp_spark.config import EnvConfig, ReleaseSpec, bounds_to_json, load_release_spec
 from dp_spark.errors import (
     BudgetExceededError,
@@ -46,7 +46,7 @@ from dp_spark.errors import (
     ReleaseConflictError,
     ReleaseFailedError,
 )
-from dp_spark.events import canonical_json
+from dp_spark.core.events import canonical_json
 from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
@@ -141,7 +141,7 @@ def threshold_cells(spec: ReleaseSpec, cells: list[dict[str, Any]], components: 
     a key whose noisy group size (``spec.group_size_statistic``) is below the threshold are
     suppressed, and with ``merge_other`` combined into one more key. ``components``: the noisy
     components of :meth:`QueryPlan.noise` (a mean's merged value needs its noisy sums)."""
-    from dp_spark.governance.thresholds import apply_min_group_size
+    from dp_spark.statistics.postprocess import apply_min_group_size
 
     rule = spec.min_group_size
     kinds = {s.name: s.kind for s in spec.statistics}
@@ -348,7 +348,7 @@ class Engine:
         ``_published`` copy of the version record. Never raises: the ledger is the authority,
         and a refresh that fails or never runs is caught up by the next one."""
         try:
-            from dp_spark.ledger.mirror import mirror_to_delta
+            from dp_spark.delta.mirror import mirror_to_delta
 
             mirror_to_delta(self.ledger, self.spark, ledger_path=self.env.ledger_mirror,
                             audit_path=self.env.audit_mirror)
@@ -370,7 +370,7 @@ class Engine:
 
     def _stored(self, spec, release_id, path, status, note="") -> ReleaseResult:
         """The result of a release already in the table (read back), nothing charged by this call."""
-        from dp_spark.release.writer import read_release
+        from dp_spark.delta.release_table import read_release
 
         return self._result(spec, release_id, path, status, read_release(self.spark, path, release_id), note=note)
 
@@ -387,7 +387,7 @@ class Engine:
         all its specs before publishing the first (``dp-spark publish``).
         """
         from dp_spark.governance.access import authorize
-        from dp_spark.release.writer import check_release_table, pin_snapshot
+        from dp_spark.delta.release_table import check_release_table, pin_snapshot
         from dp_spark.salt import read_salt
 
         # who may run this spec, in this mode? (refusals are audited; nothing is read)
@@ -434,7 +434,7 @@ class Engine:
                                 path=path, partials_df=partials_df, salt=salt)
 
     def _partials(self, spec: ReleaseSpec, plan, snapshot, salt: str):
-        from dp_spark.aggregations.query import build_query_partials
+        from dp_spark.backends.spark import build_query_partials
 
         return build_query_partials(snapshot.reader(self.spark), plan, salt)
 
@@ -485,14 +485,14 @@ class Engine:
     def _publish(self, spec: ReleaseSpec, *, snapshot=None, validated: Optional[ValidatedRelease] = None,
                  _degraded_from: Optional[str] = None) -> ReleaseResult:
         """:meth:`publish` without the failure guard (see there). ``snapshot``: an input snapshot the caller
-        already pinned (a :class:`~dp_spark.release.writer.Snapshot` of the spec's dataset), read
+        already pinned (a :class:`~dp_spark.delta.release_table.Snapshot` of the spec's dataset), read
         instead of pinning it again. ``validated``: what :meth:`validate` returned for ``spec``
         (then it is not validated again, and its snapshot is the one read).
 
         A release refused before its charge (access, policy, per-release maximum, input or
         output schema) creates nothing: no release table, salt file, ledger file or row
         (except the audit row of a refused permission)."""
-        from dp_spark.release.writer import ensure_release_table, release_present
+        from dp_spark.delta.release_table import ensure_release_table, release_present
 
         if validated is None:
             validated = self.validate(spec, snapshot=snapshot)
@@ -549,11 +549,11 @@ class Engine:
 
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
         # driver resolves the release table's Delta state, where the write below looks its key up
-        from dp_spark.aggregations.query import collect_query_partials
-        from dp_spark.release.writer import prepare_release_write
+        from dp_spark.backends.spark import collect_query_partials
+        from dp_spark.delta.release_table import prepare_release_write
 
         prepare = alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
-        from dp_spark.aggregations.query import total_where
+        from dp_spark.backends.spark import total_where
 
         with prepare, _stage(self.spark, "bounding+aggregation", release_id), \
                 total_where(self.spark, spec.where is not None):
@@ -598,7 +598,7 @@ class Engine:
             # after the version record: the background refresh does not compete with it
             self._mirror()
         # the write committed exactly these rows: return them without reading the table back
-        from dp_spark.release.writer import RELEASE_SCHEMA
+        from dp_spark.delta.release_table import RELEASE_SCHEMA
 
         mine = sorted(({f.name: r.get(f.name) for f in RELEASE_SCHEMA.fields} for r in rows),
                       key=lambda r: (r["statistic"], r["key"]))
@@ -640,7 +640,7 @@ class Engine:
           while writing): read the stored cells back. If they publish our numbers exactly
           they are ours; if not, another run's draw is the release and ours is discarded.
         """
-        from dp_spark.release.writer import ConcurrentReleaseWrite, read_release, same_cells, write_release
+        from dp_spark.delta.release_table import ConcurrentReleaseWrite, read_release, same_cells, write_release
 
         if not rows:
             # a release with private keys of which none was selected: nothing to write. On a
@@ -693,7 +693,7 @@ class Engine:
                 time.sleep(0.5)
 
     def _exhausted(self, spec, release_id, path, exc: BudgetExceededError, degraded_from):
-        from dp_spark.release.writer import latest_release_id
+        from dp_spark.delta.release_table import latest_release_id
 
         policy = spec.on_exhausted.policy
         if policy == "return_existing":

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from dp_spark.accountant import DeltaCapExceededError
-from dp_spark.budget import Budget
+from dp_spark.core.budget import Budget
 from dp_spark.config import ReleaseSpec
 from dp_spark.errors import BudgetExceededError, ConfigError, MeasureMismatchError
 from dp_spark.governance.access import AccessPolicy

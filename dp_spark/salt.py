@@ -3,7 +3,7 @@
 The salt keys the bottom-K priority of contribution bounding (``salt_file`` in the env). The
 DP guarantee does not depend on it being secret; its confidentiality only keeps the kept
 sample uniform against someone who chooses data (see
-:func:`dp_spark.transforms.bounding.bound_contributions`, which keeps it out of Spark plans), so
+:func:`dp_spark.backends.bounding.bound_contributions`, which keeps it out of Spark plans), so
 every run of a dataset must read the same one, and several drivers may start at once on a
 fresh warehouse. Creation is therefore all-or-nothing, like the ledger's key file: a fresh
 salt is written to a temporary file in the same directory (mode 0600), fsynced, and

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
-from dp_spark.budget import Budget
+from dp_spark.core.budget import Budget
 from dp_spark.config import ReleaseSpec
 from dp_spark.errors import ConfigError, DpSparkError
 
@@ -192,7 +192,7 @@ def prior_releases(spark, path: str, dspec: ReleaseSpec, mode: str) -> list[Prio
     ``path``, newest first. Reads release metadata columns only, never values."""
     from pyspark.sql import functions as F
 
-    from dp_spark.release.writer import table_exists
+    from dp_spark.delta.release_table import table_exists
 
     if not table_exists(spark, path):
         return []
@@ -237,7 +237,7 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
     is, unless ``republish`` (a new release, charged). Errors (DpSparkError) propagate.
     """
     from dp_spark.engine import release_id_for
-    from dp_spark.release.writer import pin_snapshot
+    from dp_spark.delta.release_table import pin_snapshot
 
     dspec = day_spec(spec, day)
     iso = day.isoformat()

@@ -155,7 +155,7 @@ print(f"linked across two exports by the hash alone: {export['user_hash'].isin(n
 # COMMAND ----------
 
 from dp_spark.config import release_spec_from_dict  # noqa: E402
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials  # noqa: E402
+from dp_spark.backends.spark import build_query_partials, collect_query_partials  # noqa: E402
 from dp_spark.engine import plan_for  # noqa: E402
 from dp_spark.mechanisms.samplers import default_source  # noqa: E402
 

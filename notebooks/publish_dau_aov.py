@@ -88,7 +88,7 @@ print("specs: " + ", ".join(str(s) for s in SPECS) + f"; run date: {run_date or 
 
 # COMMAND ----------
 
-from dp_spark.release.writer import table_exists  # noqa: E402
+from dp_spark.delta.release_table import table_exists  # noqa: E402
 
 specs = [load_release_spec(p, run_date=run_date) for p in SPECS]
 demo = dict(env.demo)

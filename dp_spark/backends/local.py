@@ -1,7 +1,7 @@
 """The reference backend: the exact partials of a release plan from a list of rows, in Python.
 
-No pyspark. It computes what :func:`dp_spark.aggregations.query.build_query_partials` followed by
-:func:`~dp_spark.aggregations.query.collect_query_partials` computes on Spark -- the same
+No pyspark. It computes what :func:`dp_spark.backends.spark.build_query_partials` followed by
+:func:`~dp_spark.backends.spark.collect_query_partials` computes on Spark -- the same
 ``{cell index: {partial column: int}}`` -- written as the plain definition of each step rather
 than as Spark's plan, so that ``tests/spark/test_backend_equivalence.py`` can hold the Spark
 path to it on random data, and the unit tests of kinds, plans and evaluation can run without
@@ -50,12 +50,12 @@ from typing import Any, Optional
 
 import xxhash
 
-from dp_spark.config import PrivateKeys
+from dp_spark.spec.runtime import PrivateKeys
 from dp_spark.errors import ConfigError, SchemaError
 from dp_spark.statistics.components import SUM_PART_BITS
 from dp_spark.statistics.plan import key_tuples
 from dp_spark.statistics.selection import keep_over_threshold, limit_keys
-from dp_spark.units import Neighbouring
+from dp_spark.core.units import Neighbouring
 
 __all__ = ["LocalPartials", "TYPES", "query_partials", "select_private_keys", "spark_xxhash64"]
 
@@ -157,7 +157,7 @@ def _fixed(value: Any, clamp) -> int:
 
 
 def _square(fx: int, comp) -> int:
-    """``nsumsq``'s per-row grid integer (Component.row_columns), in the same double steps."""
+    """``nsumsq``'s per-row grid integer (dp_spark.backends.spark.component_row_columns), in the same double steps."""
     k2, s = comp.square_grid
     c = comp.clamp
     x = float(fx) * float(Fraction(2) ** c.grid_exponent) - float(c.midpoint)
@@ -167,7 +167,7 @@ def _square(fx: int, comp) -> int:
 
 
 def _bin(fx: int, comp) -> int:
-    """``hist``'s per-row bin (Component.row_columns), in the same double steps."""
+    """``hist``'s per-row bin (dp_spark.backends.spark.component_row_columns), in the same double steps."""
     c = comp.clamp
     lo = float(c.lower * Fraction(2) ** -c.grid_exponent)
     span = float((c.upper - c.lower) * Fraction(2) ** -c.grid_exponent)

@@ -34,7 +34,7 @@ import click
 
 from dp_spark import commands
 from dp_spark.accountant import Accountant
-from dp_spark.budget import MEASURES, Budget
+from dp_spark.core.budget import MEASURES, Budget
 from dp_spark.cli.base import Group, env_option, run
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.ledger import open_ledger, sqlite_path
@@ -363,7 +363,7 @@ def rebuild_mirror(ctx: click.Context, env: Optional[str]) -> int:
     out, err = _streams(ctx)
 
     def go(o: TextIO) -> int:
-        from dp_spark.ledger.mirror import rebuild_mirror_command  # starts Spark: pyspark
+        from dp_spark.delta.mirror import rebuild_mirror_command  # starts Spark: pyspark
 
         env_path = commands.resolve_env(_env(ctx, env))
         require_existing_ledger(commands.load_env(env_path).ledger_url)

@@ -75,10 +75,10 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
-from dp_spark.budget import Budget, PureDP, ZCDP, to_fraction
+from dp_spark.core.budget import Budget, PureDP, ZCDP, to_fraction
 from dp_spark.config import ReleaseSpec, ValueSpec
 from dp_spark.errors import ConfigError, InvalidBoundsError, MeasureMismatchError
-from dp_spark.units import ContributionBounds, Neighbouring
+from dp_spark.core.units import ContributionBounds, Neighbouring
 
 __all__ = [
     "rebound_spec",
@@ -308,10 +308,10 @@ def dp_quantile(per_unit_values: Iterable[Sequence[float]], candidates: Sequence
     the score vector, which report-noisy-max does not need); ``cells`` = 1 (one released
     value).
     """
-    from dp_spark.events import NoiseEvent
+    from dp_spark.core.events import NoiseEvent
     from dp_spark.governance.trust import require_test_mode
     from dp_spark.mechanisms.samplers import default_source
-    from dp_spark.units import as_relation
+    from dp_spark.core.units import as_relation
 
     charge_to = ""  # the budget charged, set exactly when an engine is given
     if engine is None:
@@ -378,7 +378,7 @@ def _reserve_quantile(engine, budget_id: str, charge: Budget, event) -> tuple[st
     import secrets as _secrets
 
     from dp_spark import __version__
-    from dp_spark.events import canonical_json
+    from dp_spark.core.events import canonical_json
     from dp_spark.governance.access import authorize
 
     ledger = engine.ledger

@@ -47,7 +47,7 @@ import math
 from fractions import Fraction
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from dp_spark.budget import Budget, PureDP, ZCDP, to_fraction
+from dp_spark.core.budget import Budget, PureDP, ZCDP, to_fraction
 from dp_spark.config import ReleaseSpec
 from dp_spark.errors import ConfigError
 
@@ -336,7 +336,7 @@ def _calibrated_budget(spec: ReleaseSpec, target_abs: Fraction, alpha: Fraction)
     """The calibration inverse for a single-metric count, distinct count or sum (a starting
     bracket only: the answer is confirmed on the plan), in the spec's measure."""
     from dp_spark.mechanisms import calibration
-    from dp_spark.units import Aggregate, sensitivity
+    from dp_spark.core.units import Aggregate, sensitivity
 
     agg = {"count": Aggregate.ROW_COUNT, "distinct_units": Aggregate.DISTINCT_UNITS,
            "sum": Aggregate.SUM}[spec.metric]

@@ -225,7 +225,7 @@ def exact_partials(df, spec: ReleaseSpec, *, salt: Optional[str] = None) -> dict
                       "protected data goes through Engine.publish, which is charged")
     from dataclasses import replace
 
-    from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+    from dp_spark.backends.spark import build_query_partials, collect_query_partials
     from dp_spark.statistics.base import StatisticSpec
     from dp_spark.statistics.plan import plan_query
 
@@ -295,7 +295,7 @@ def plan_with_mean_split(spec: ReleaseSpec, split: Any):
     """
     from dataclasses import replace
 
-    from dp_spark.statistics.plan import _share, plan_query
+    from dp_spark.statistics.plan import charge_share, plan_query
 
     plan = plan_query(spec)
     if plan.mean_split is None:
@@ -304,7 +304,7 @@ def plan_with_mean_split(spec: ReleaseSpec, split: Any):
     if not 0 < f < 1:
         raise ConfigError("a mean split must be in (0, 1)")
     fractions = tuple(f if c.kind == "nsum" else 1 - f for c in plan.components)
-    plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, fr), spec.cells)
+    plans = tuple(c.plan(spec.bounds, spec.neighbouring, charge_share(spec.charge, fr), spec.cells)
                   for c, fr in zip(plan.components, fractions))
     return replace(plan, fractions=fractions, statistics=plans, mean_split=f)
 

@@ -43,7 +43,7 @@ from dp_spark.governance.statement import (
     statement_markdown,
     write_statement,
 )
-from dp_spark.governance.thresholds import (
+from dp_spark.statistics.postprocess import (
     MinGroupSize,
     apply_min_group_size,
     count_statistic_for,

@@ -47,7 +47,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from dp_spark.budget import MEASURES, Budget, budget_from_json
+from dp_spark.core.budget import MEASURES, Budget, budget_from_json
 from dp_spark.errors import DpSparkError
 
 log = logging.getLogger(__name__)
@@ -776,7 +776,7 @@ def load_release_summaries(spark, *, family: str, releases_path: str) -> list[di
     family's rows."""
     from pyspark.sql import functions as F
 
-    from dp_spark.release.writer import latest_commit
+    from dp_spark.delta.release_table import latest_commit
 
     summaries: list[dict[str, Any]] = []
     if latest_commit(spark, releases_path) is not None:  # a Delta table is there
@@ -822,7 +822,7 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
 
     specs = specs_for_family(releases_dir, family)
     pub = history(ledger, family)
-    for attempt in range(REBUILDS):
+    for _attempt in range(REBUILDS):
         if summaries is None:
             summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
         d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import ConfigError, DpSparkError
-from dp_spark.release.writer import _delta_schema, is_concurrent_change, latest_commit
+from dp_spark.delta.release_table import delta_schema, is_concurrent_change, latest_commit
 
 __all__ = [
     "PUBLISHED_SCHEMA",
@@ -236,7 +236,7 @@ def adopt_published(ledger: Any, spark: SparkSession, path: str) -> bool:
 
     if ledger.versions_snapshot()[0] != 0:  # (an import counts as a change)
         return False
-    schema = _delta_schema(spark, path)
+    schema = delta_schema(spark, path)
     if schema is None or _recorded_count(latest_commit(spark, path)) is not None:
         return False
     have = {(f.name, f.dataType.simpleString()) for f in schema.fields}

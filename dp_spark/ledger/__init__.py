@@ -10,7 +10,7 @@
   ``$DP_SPARK_LEDGER_KEY``).
 
 A database that cannot be reached raises LedgerUnavailableError (no password in the
-message). Nothing in this package imports pyspark, except :mod:`dp_spark.ledger.mirror`.
+message). Nothing in this package imports pyspark, except :mod:`dp_spark.delta.mirror`.
 """
 
 from __future__ import annotations

@@ -50,7 +50,6 @@ import secrets
 import stat
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
@@ -58,7 +57,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from dp_spark.accountant import budget_exceeded
-from dp_spark.budget import MEASURES, Budget, budget_from_json
+from dp_spark.core.budget import MEASURES, Budget, budget_from_json
 from dp_spark.errors import (
     BudgetExceededError,
     ConfigError,
@@ -588,7 +587,7 @@ class _Retry(Exception):
     """A compare-and-set lost a race: run the transaction again."""
 
 
-class _Cursor:
+class Cursor:
     """A thin cursor over either driver; SQL is written with ``?`` placeholders."""
 
     def __init__(self, execute: Callable[..., Any], paramstyle: str):
@@ -689,7 +688,7 @@ class SqlLedger(Ledger):
 
     # -- subclass hooks --------------------------------------------------------------
     @abc.abstractmethod
-    def _transaction(self, write: bool) -> Iterator[_Cursor]:
+    def _transaction(self, write: bool) -> Iterator[Cursor]:
         """Context manager: one transaction (write: serialised with other writers)."""
 
     @abc.abstractmethod
@@ -697,16 +696,16 @@ class SqlLedger(Ledger):
         """'retry' | 'unavailable' | 'corrupt' | None for a driver exception."""
 
     @abc.abstractmethod
-    def _schema_exists(self, cur: _Cursor) -> bool: ...
+    def _schema_exists(self, cur: Cursor) -> bool: ...
 
     @abc.abstractmethod
     def _guard_ddl(self) -> Sequence[str]:
         """Triggers refusing UPDATE/DELETE of immutable rows (dialect-specific)."""
 
     @abc.abstractmethod
-    def _table_exists(self, cur: _Cursor, name: str) -> bool: ...
+    def _table_exists(self, cur: Cursor, name: str) -> bool: ...
 
-    def _schema_lock(self, cur: _Cursor) -> None:
+    def _schema_lock(self, cur: Cursor) -> None:
         """Serialise schema creation between processes (PostgreSQL: advisory lock)."""
 
     def _close_connection(self) -> None: ...
@@ -719,7 +718,7 @@ class SqlLedger(Ledger):
     def _now(self, now: Optional[datetime]) -> datetime:
         return as_utc(now if now is not None else self._clock(), "now")
 
-    def _run(self, op: str, fn: Callable[[_Cursor], Any], *, write: bool) -> Any:
+    def _run(self, op: str, fn: Callable[[Cursor], Any], *, write: bool) -> Any:
         if self._closed:
             raise LedgerError(f"{self.description} is closed")
         for attempt in range(1, self.max_attempts + 1):
@@ -762,7 +761,7 @@ class SqlLedger(Ledger):
     def _init_schema(self) -> None:
         key_check = self._mac("key-check", SCHEMA_VERSION)
 
-        def fn(cur: _Cursor) -> None:
+        def fn(cur: Cursor) -> None:
             if not self._schema_exists(cur):
                 self._schema_lock(cur)
                 for stmt in TABLES_DDL:
@@ -807,7 +806,7 @@ class SqlLedger(Ledger):
     def _budget_mac(self, texts: tuple, head_seq: int, head_hash: str, updated_at: str) -> str:
         return self._mac("budget", *texts, head_seq, head_hash, updated_at)
 
-    def _load_budget(self, cur: _Cursor, budget_id: str, *, lock: bool) -> _BudgetRow:
+    def _load_budget(self, cur: Cursor, budget_id: str, *, lock: bool) -> _BudgetRow:
         row = cur.one(
             f"SELECT {BUDGET_COLS} FROM dp_budgets WHERE budget_id = ?" + (self.for_update if lock else ""),
             (budget_id,),
@@ -854,7 +853,7 @@ class SqlLedger(Ledger):
         _check_text(principal, "principal")
         texts = _policy_texts(policy)
 
-        def fn(cur: _Cursor) -> None:
+        def fn(cur: Cursor) -> None:
             now = self._now(None)
             stamp = ts_text(now)
             inserted = cur.x(
@@ -875,7 +874,7 @@ class SqlLedger(Ledger):
 
         self._run("register_budget", fn, write=True)
 
-    def _check_policy_change(self, cur: _Cursor, b: _BudgetRow, policy: BudgetPolicy, now: datetime) -> None:
+    def _check_policy_change(self, cur: Cursor, b: _BudgetRow, policy: BudgetPolicy, now: datetime) -> None:
         """Refused (ConfigError) even by an admin: changing the measure of a budget that has
         entries; changing its privacy unit once it has entries or bindings; a cap (under the
         new window) below what is already spent in the current window."""
@@ -914,7 +913,7 @@ class SqlLedger(Ledger):
         _check_text(reason, "reason")
         texts = _policy_texts(policy)
 
-        def fn(cur: _Cursor) -> Optional[PolicyRecord]:
+        def fn(cur: Cursor) -> Optional[PolicyRecord]:
             t = self._now(now)
             stamp = ts_text(t)
             b = self._load_budget(cur, policy.budget_id, lock=True)
@@ -950,11 +949,11 @@ class SqlLedger(Ledger):
     def _policy_row_hash(self, prev: str, r: Sequence[Any]) -> str:
         return self._mac("policy", prev, r[0], int(r[1]), *r[2:7])
 
-    def _last_policy(self, cur: _Cursor, budget_id: str) -> Optional[tuple]:
+    def _last_policy(self, cur: Cursor, budget_id: str) -> Optional[tuple]:
         return cur.one(f"SELECT {POLICY_COLS} FROM dp_policies WHERE budget_id = ? ORDER BY version DESC LIMIT 1",
                        (budget_id,))
 
-    def _append_policy(self, cur: _Cursor, policy: BudgetPolicy, principal: str, reason: str, stamp: str,
+    def _append_policy(self, cur: Cursor, policy: BudgetPolicy, principal: str, reason: str, stamp: str,
                        previous: Optional[BudgetPolicy]) -> PolicyRecord:
         last = self._last_policy(cur, policy.budget_id)
         version = 1 if last is None else int(last[1]) + 1
@@ -965,7 +964,7 @@ class SqlLedger(Ledger):
         return PolicyRecord(policy.budget_id, version, r[2], json.loads(r[3]), principal, reason, parse_ts(stamp),
                             tuple(policy_changes(previous, policy)) if previous is not None else ())
 
-    def _policy_problems(self, cur: _Cursor, b: _BudgetRow) -> tuple[list[str], list[PolicyRecord]]:
+    def _policy_problems(self, cur: Cursor, b: _BudgetRow) -> tuple[list[str], list[PolicyRecord]]:
         bid = b.policy.budget_id
         rows = cur.q(f"SELECT {POLICY_COLS} FROM dp_policies WHERE budget_id = ? ORDER BY version", (bid,))
         problems: list[str] = []
@@ -993,7 +992,7 @@ class SqlLedger(Ledger):
     def policy_history(self, budget_id: str) -> list[PolicyRecord]:
         """Every policy the ledger registered for ``budget_id``, oldest first, verified (MAC
         chain, content hashes, and that the last is the policy in force)."""
-        def fn(cur: _Cursor) -> list[PolicyRecord]:
+        def fn(cur: Cursor) -> list[PolicyRecord]:
             b = self._load_budget(cur, budget_id, lock=False)
             problems, records = self._policy_problems(cur, b)
             self._raise_problems(problems)
@@ -1033,7 +1032,7 @@ class SqlLedger(Ledger):
         _check_text(dataset_identity, "dataset_identity")
         _check_text(privacy_unit, "privacy_unit")
 
-        def existing(cur: _Cursor) -> Optional[str]:
+        def existing(cur: Cursor) -> Optional[str]:
             row = cur.one(
                 "SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings "
                 "WHERE dataset_identity = ? AND privacy_unit = ?",
@@ -1041,7 +1040,7 @@ class SqlLedger(Ledger):
             )
             return None if row is None else self._check_binding(row)
 
-        def conflict(other: str, cur: Optional[_Cursor] = None) -> ConfigError:
+        def conflict(other: str, cur: Optional[Cursor] = None) -> ConfigError:
             how = ""
             if cur is not None:
                 try:
@@ -1058,7 +1057,7 @@ class SqlLedger(Ledger):
                 f"config or a new budget id does not reset a budget).{how}"
             )
 
-        def fn(cur: _Cursor) -> None:
+        def fn(cur: Cursor) -> None:
             b = self._load_budget(cur, budget_id, lock=True)
             if privacy_unit != b.policy.privacy_unit:
                 raise ConfigError(
@@ -1087,7 +1086,7 @@ class SqlLedger(Ledger):
 
     def budget_for_dataset(self, dataset_identity: str, privacy_unit: str) -> Optional[str]:
         """The budget a dataset identity and unit are bound to, or None."""
-        def fn(cur: _Cursor) -> Optional[str]:
+        def fn(cur: Cursor) -> Optional[str]:
             row = cur.one(
                 "SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings "
                 "WHERE dataset_identity = ? AND privacy_unit = ?",
@@ -1099,7 +1098,7 @@ class SqlLedger(Ledger):
 
     def bindings(self, budget_id: Optional[str] = None) -> list[tuple[str, str, str]]:
         """(dataset_identity, privacy_unit, budget_id) triples, verified."""
-        def fn(cur: _Cursor) -> list[tuple[str, str, str]]:
+        def fn(cur: Cursor) -> list[tuple[str, str, str]]:
             sql = "SELECT dataset_identity, privacy_unit, budget_id, created_at, mac FROM dp_bindings"
             rows = cur.q(sql + " WHERE budget_id = ? ORDER BY 1, 2", (budget_id,)) if budget_id else cur.q(sql + " ORDER BY 1, 2")
             return [(r[0], r[1], self._check_binding(r)) for r in rows]
@@ -1179,14 +1178,14 @@ class SqlLedger(Ledger):
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise LedgerIntegrityError("ledger integrity check failed: " + "; ".join(problems[:5]) + more)
 
-    def _verified_entries(self, cur: _Cursor, b: _BudgetRow) -> list[LedgerEntry]:
+    def _verified_entries(self, cur: Cursor, b: _BudgetRow) -> list[LedgerEntry]:
         rows = cur.q(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE budget_id = ? ORDER BY seq", (b.policy.budget_id,))
         problems, entries = self._chain_problems(b, rows)
         self._raise_problems(problems)
         return entries
 
     # -- the write path's O(1) checks ---------------------------------------------------
-    def _verified_tail(self, cur: _Cursor, b: _BudgetRow) -> dict[str, LedgerEntry]:
+    def _verified_tail(self, cur: Cursor, b: _BudgetRow) -> dict[str, LedgerEntry]:
         """Verify the end of the budget's chain against its (MAC-checked) head: the last
         ``verify_tail`` entries' row hashes and state MACs, their links back to the entry
         before them, that the last one is the head (seq and hash) and that no entry lies past
@@ -1223,7 +1222,7 @@ class SqlLedger(Ledger):
             self._raise_problems([f"{where} {w}: missing (rows deleted outside the ledger)"])
         return str(rows[0][hash_i]), rows[1:]
 
-    def _verified_entry(self, cur: _Cursor, b: _BudgetRow, r: tuple) -> LedgerEntry:
+    def _verified_entry(self, cur: Cursor, b: _BudgetRow, r: tuple) -> LedgerEntry:
         """Verify one entry row of budget ``b`` (its row hash, linked to the stored hash of the
         entry before it, and its state MAC) without reading the rest of the chain."""
         bid = b.policy.budget_id
@@ -1245,7 +1244,7 @@ class SqlLedger(Ledger):
     def _spend_mac(self, bid: str, seq: int, head: str, total: dict, from_day: str, days: dict) -> str:
         return self._mac("spend", bid, seq, head, total, from_day, days)
 
-    def _load_spend(self, cur: _Cursor, b: _BudgetRow) -> Optional[_Spend]:
+    def _load_spend(self, cur: Cursor, b: _BudgetRow) -> Optional[_Spend]:
         """The budget's spend summary if it describes its current head; None when there is none
         or it describes an older head. A summary whose MAC fails is an integrity error."""
         bid = b.policy.budget_id
@@ -1272,7 +1271,7 @@ class SqlLedger(Ledger):
             f"ledger integrity check failed: budget {bid!r}: the spend summary was edited outside the ledger"
         )
 
-    def _store_spend(self, cur: _Cursor, bid: str, s: _Spend) -> None:
+    def _store_spend(self, cur: Cursor, bid: str, s: _Spend) -> None:
         total = s.total.to_json()
         days = {k: v.to_json() for k, v in sorted(s.days.items())}
         value = canonical({"seq": s.seq, "hash": s.hash, "total": total, "from": s.from_day, "days": days,
@@ -1291,7 +1290,7 @@ class SqlLedger(Ledger):
                 days[d] = days.get(d, zero) + e.charge
         return _Spend(b.head_seq, b.head_hash, total, from_day, days)
 
-    def _summary_spent(self, cur: _Cursor, b: _BudgetRow, s: _Spend, t: datetime) -> Optional[Budget]:
+    def _summary_spent(self, cur: Cursor, b: _BudgetRow, s: _Spend, t: datetime) -> Optional[Budget]:
         """Spent in the window at ``t`` from the summary, or None if it lacks the days needed."""
         policy = b.policy
         zero = MEASURES[policy.measure].zero()
@@ -1314,7 +1313,7 @@ class SqlLedger(Ledger):
             spent = spent - self._verified_entry(cur, b, r).charge
         return spent
 
-    def _window_spent(self, cur: _Cursor, b: _BudgetRow, t: datetime) -> tuple[Budget, _Spend]:
+    def _window_spent(self, cur: Cursor, b: _BudgetRow, t: datetime) -> tuple[Budget, _Spend]:
         """Spent in the window at ``t`` and the summary at the current head. From the stored
         summary when it describes the head and covers the window (O(1)); otherwise the whole
         chain is verified and the summary rebuilt from it."""
@@ -1329,7 +1328,7 @@ class SqlLedger(Ledger):
         entries = self._verified_entries(cur, b)
         return self._spent(b.policy, entries, t)[0], self._spend_of(b, entries, _horizon(b.policy, t))
 
-    def _spend_problems(self, cur: _Cursor, b: _BudgetRow, entries: Sequence[LedgerEntry]) -> list[str]:
+    def _spend_problems(self, cur: Cursor, b: _BudgetRow, entries: Sequence[LedgerEntry]) -> list[str]:
         """verify(): the summary's MAC, and its totals when it describes the head."""
         bid = b.policy.budget_id
         row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (SPEND_PREFIX + bid,))
@@ -1361,7 +1360,7 @@ class SqlLedger(Ledger):
         budget's whole chain; with ``full=False`` (a release's result, a statement) O(1) in the
         number of entries, as the write path: the budget row's MAC, the chain's tail against its
         head, spent from the MAC'd spend summary, and the window's entry count by one SQL count."""
-        def fn(cur: _Cursor) -> BudgetStatus:
+        def fn(cur: Cursor) -> BudgetStatus:
             t = self._now(now)
             b = self._load_budget(cur, budget_id, lock=False)
             start, end = b.policy.window.bounds(t)
@@ -1384,7 +1383,7 @@ class SqlLedger(Ledger):
         return self._run("status", fn, write=False)
 
     def find(self, release_id: str) -> Optional[LedgerEntry]:
-        def fn(cur: _Cursor) -> Optional[LedgerEntry]:
+        def fn(cur: Cursor) -> Optional[LedgerEntry]:
             r = cur.one(f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_id = ?", (release_id,))
             if r is None:
                 return None
@@ -1397,7 +1396,7 @@ class SqlLedger(Ledger):
 
     def entries(self, budget_id: Optional[str] = None) -> list[LedgerEntry]:
         """A budget's entries in seq order (all budgets when None), after verifying them."""
-        def fn(cur: _Cursor) -> list[LedgerEntry]:
+        def fn(cur: Cursor) -> list[LedgerEntry]:
             if budget_id is not None:
                 return self._verified_entries(cur, self._load_budget(cur, budget_id, lock=False))
             out: list[LedgerEntry] = []
@@ -1414,7 +1413,7 @@ class SqlLedger(Ledger):
         hash and state MAC. Entries at or before a watermark are not read: an edit there is found
         by ``verify()``, not here. A watermark past a head returns nothing for that budget (the
         caller sees it in the heads)."""
-        def fn(cur: _Cursor) -> tuple[list[LedgerEntry], dict[str, int]]:
+        def fn(cur: Cursor) -> tuple[list[LedgerEntry], dict[str, int]]:
             out: list[LedgerEntry] = []
             heads: dict[str, int] = {}
             for row in cur.q(f"SELECT {BUDGET_COLS} FROM dp_budgets ORDER BY budget_id"):
@@ -1441,7 +1440,7 @@ class SqlLedger(Ledger):
 
     def latest_committed(self, release_family: str, budget_id: Optional[str] = None) -> Optional[LedgerEntry]:
         """The most recently committed entry of a release family (for ``return_existing``)."""
-        def fn(cur: _Cursor) -> Optional[LedgerEntry]:
+        def fn(cur: Cursor) -> Optional[LedgerEntry]:
             sql = f"SELECT {ENTRY_COLS} FROM dp_entries WHERE release_family = ? AND state = 'committed'"
             params: tuple = (release_family,)
             if budget_id is not None:
@@ -1508,7 +1507,7 @@ class SqlLedger(Ledger):
             raise LedgerError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
         ctext = charge_text(charge)
 
-        def fn(cur: _Cursor) -> Reservation:
+        def fn(cur: Cursor) -> Reservation:
             t = self._now(now)
             lease = ts_text(t + timedelta(seconds=lease_seconds))
             b = self._load_budget(cur, budget_id, lock=True)
@@ -1586,7 +1585,7 @@ class SqlLedger(Ledger):
         _check_text(release_id, "release_id")
         _check_text(owner_token, "owner_token")
 
-        def fn(cur: _Cursor) -> LedgerEntry:
+        def fn(cur: Cursor) -> LedgerEntry:
             t = self._now(now)
             r = cur.one("SELECT budget_id FROM dp_entries WHERE release_id = ?", (release_id,))
             if r is None:
@@ -1628,7 +1627,7 @@ class SqlLedger(Ledger):
 
         Raises LedgerIntegrityError naming the budgets and sequence numbers that fail.
         """
-        def fn(cur: _Cursor) -> None:
+        def fn(cur: Cursor) -> None:
             problems: list[str] = []
             if budget_id is not None:
                 b = self._load_budget(cur, budget_id, lock=False)
@@ -1671,7 +1670,7 @@ class SqlLedger(Ledger):
 
         self._run("verify", fn, write=False)
 
-    def _version_problems(self, cur: _Cursor) -> list[str]:
+    def _version_problems(self, cur: Cursor) -> list[str]:
         """Every version row's MAC and at most one current version per family."""
         problems = []
         current: dict[str, int] = {}
@@ -1687,7 +1686,7 @@ class SqlLedger(Ledger):
     def _audit_head_value(self, seq: int, head: str) -> str:
         return canonical({"seq": seq, "hash": head, "mac": self._mac("audit-head", seq, head)})
 
-    def _audit_head(self, cur: _Cursor, *, lock: bool) -> tuple[int, str]:
+    def _audit_head(self, cur: Cursor, *, lock: bool) -> tuple[int, str]:
         row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = 'audit_head'" + (self.for_update if lock else ""))
         try:
             d = json.loads(row[0])
@@ -1701,7 +1700,7 @@ class SqlLedger(Ledger):
     def _audit_hash(self, prev: str, r: tuple) -> str:
         return self._mac("audit", prev, *r[:10])
 
-    def _audit_problems(self, cur: _Cursor) -> list[str]:
+    def _audit_problems(self, cur: Cursor) -> list[str]:
         try:
             seq, head = self._audit_head(cur, lock=False)
         except LedgerIntegrityError as exc:
@@ -1727,7 +1726,7 @@ class SqlLedger(Ledger):
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise LedgerError("after must be a non-negative integer")
 
-        def fn(cur: _Cursor) -> tuple[list[AuditRow], int]:
+        def fn(cur: Cursor) -> tuple[list[AuditRow], int]:
             seq, head = self._audit_head(cur, lock=False)
             if after >= seq:
                 return [], seq
@@ -1792,13 +1791,13 @@ class SqlLedger(Ledger):
         if detail == "":
             detail = None
 
-        def fn(cur: _Cursor) -> AuditRow:
+        def fn(cur: Cursor) -> AuditRow:
             return self._append_audit_in(cur, ts_text(self._now(now)), (
                 principal, action, spec_name, spec_version, decision, release_id, charge_json, detail))
 
         return self._run("append_audit", fn, write=True)
 
-    def _append_audit_in(self, cur: _Cursor, at: str, fields: tuple) -> AuditRow:
+    def _append_audit_in(self, cur: Cursor, at: str, fields: tuple) -> AuditRow:
         """Append one audit row inside the caller's write transaction."""
         seq, head = self._audit_head(cur, lock=True)
         r = (seq + 1, at, *fields)
@@ -1817,7 +1816,7 @@ class SqlLedger(Ledger):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise LedgerError("limit must be a non-negative integer")
 
-        def fn(cur: _Cursor) -> list[AuditRow]:
+        def fn(cur: Cursor) -> list[AuditRow]:
             if limit is None:
                 rows = cur.q(f"SELECT {AUDIT_COLS} FROM dp_audit ORDER BY seq")
             else:
@@ -1839,7 +1838,7 @@ class SqlLedger(Ledger):
                              principal=r[5], at=parse_ts(r[6]), changed_by=r[7],
                              changed_at=None if r[8] is None else parse_ts(r[8]))
 
-    def _family_versions(self, cur: _Cursor, families: Sequence[str]) -> list[VersionRecord]:
+    def _family_versions(self, cur: Cursor, families: Sequence[str]) -> list[VersionRecord]:
         """Every version of ``families``, ordered by (family, version_no), MACs checked, and
         at most one current version per family (else LedgerIntegrityError)."""
         if not families:
@@ -1853,7 +1852,7 @@ class SqlLedger(Ledger):
                 raise LedgerIntegrityError(f"ledger integrity check failed: family {f!r} has several current versions")
         return out
 
-    def _lock_budgets_of(self, cur: _Cursor, release_ids: Sequence[str]) -> None:
+    def _lock_budgets_of(self, cur: Cursor, release_ids: Sequence[str]) -> None:
         """Take the budget lock (the budget row, ``FOR UPDATE`` on PostgreSQL; SQLite's write
         transaction is already exclusive) of every budget that charged one of ``release_ids``,
         in budget order, so a version change is serialised with that budget's reservations."""
@@ -1866,7 +1865,7 @@ class SqlLedger(Ledger):
         for bid in budgets:
             self._load_budget(cur, bid, lock=True)
 
-    def _bump_versions_seq(self, cur: _Cursor) -> int:
+    def _bump_versions_seq(self, cur: Cursor) -> int:
         """Count one more version-record change (``dp_ledger_meta``: an atomic increment);
         returns the new count. The derived ``_published`` Delta table records the count it
         was refreshed at."""
@@ -1876,11 +1875,11 @@ class SqlLedger(Ledger):
             cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", (VERSIONS_SEQ, "1"))
         return int(cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (VERSIONS_SEQ,))[0])
 
-    def _insert_version(self, cur: _Cursor, r: tuple) -> None:
+    def _insert_version(self, cur: Cursor, r: tuple) -> None:
         cur.x(f"INSERT INTO dp_versions ({VERSION_COLS}) VALUES ({', '.join(['?'] * 10)})",
               (*r, self._version_mac(r)))
 
-    def _change_version(self, cur: _Cursor, v: VersionRecord, new_state: str, principal: str, at: str,
+    def _change_version(self, cur: Cursor, v: VersionRecord, new_state: str, principal: str, at: str,
                         reason: Optional[str] = None) -> None:
         """Compare-and-set one version's state (from ``v.state``); a lost race is retried."""
         r = (v.family, v.version_no, v.release_id, new_state, v.reason if reason is None else reason,
@@ -1903,7 +1902,7 @@ class SqlLedger(Ledger):
         _check_text(principal, "principal")
         at = ts_text(self._now(now))
 
-        def fn(cur: _Cursor) -> list[int]:
+        def fn(cur: Cursor) -> list[int]:
             self._lock_budgets_of(cur, [r for _, r in items])
             families = sorted({f for f, _ in items})
             rows = self._family_versions(cur, families)
@@ -1944,7 +1943,7 @@ class SqlLedger(Ledger):
         _check_text(reason, "reason")
         at = ts_text(self._now(now))
 
-        def fn(cur: _Cursor) -> tuple[str, Optional[str]]:
+        def fn(cur: Cursor) -> tuple[str, Optional[str]]:
             rows = self._family_versions(cur, [family])
             self._lock_budgets_of(cur, [v.release_id for v in rows if v.state in ("current", "superseded")])
             rows = self._family_versions(cur, [family])  # under the lock
@@ -1970,7 +1969,7 @@ class SqlLedger(Ledger):
     def versions_snapshot(self, family: Optional[str] = None) -> tuple[int, list[VersionRecord]]:
         """(the number of version-record changes so far, :meth:`versions`), read in one
         transaction: the derived ``_published`` table is refreshed from it."""
-        def fn(cur: _Cursor) -> tuple[int, list[VersionRecord]]:
+        def fn(cur: Cursor) -> tuple[int, list[VersionRecord]]:
             row = cur.one("SELECT value FROM dp_ledger_meta WHERE name = ?", (VERSIONS_SEQ,))
             if family is not None:
                 return (0 if row is None else int(row[0])), self._family_versions(cur, [family])
@@ -1992,7 +1991,7 @@ class SqlLedger(Ledger):
             if v.state not in VERSION_STATES:
                 raise LedgerError(f"version {v.version_no} of family {v.family!r}: unknown state")
 
-        def fn(cur: _Cursor) -> bool:
+        def fn(cur: Cursor) -> bool:
             if cur.one("SELECT 1 FROM dp_versions LIMIT 1") is not None:
                 return False
             for v in recs:

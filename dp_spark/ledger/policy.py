@@ -37,7 +37,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from dp_spark.budget import MEASURES, Budget, parse_budget, to_fraction
+from dp_spark.core.budget import MEASURES, Budget, parse_budget, to_fraction
 from dp_spark.errors import ConfigError, InvalidBudgetError
 
 __all__ = [

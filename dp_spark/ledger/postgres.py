@@ -31,7 +31,7 @@ import psycopg
 from psycopg import errors as pgerr
 
 from dp_spark.errors import LedgerError, LedgerUnavailableError
-from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
+from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, Cursor, resolve_key
 
 __all__ = ["PostgresLedger", "redact_url"]
 
@@ -127,7 +127,7 @@ class PostgresLedger(SqlLedger):
 
     # -- hooks -----------------------------------------------------------------------
     @contextmanager
-    def _transaction(self, write: bool) -> Iterator[_Cursor]:
+    def _transaction(self, write: bool) -> Iterator[Cursor]:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             conn = self._connect()
@@ -137,7 +137,7 @@ class PostgresLedger(SqlLedger):
                 cur.execute(_DURABLE_COMMIT)
             else:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            yield _Cursor(cur.execute, "format")
+            yield Cursor(cur.execute, "format")
 
     def _classify(self, exc: BaseException) -> Optional[str]:
         if isinstance(exc, (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable,
@@ -149,13 +149,13 @@ class PostgresLedger(SqlLedger):
             return "unavailable"
         return None
 
-    def _schema_exists(self, cur: _Cursor) -> bool:
+    def _schema_exists(self, cur: Cursor) -> bool:
         return cur.one("SELECT to_regclass('dp_ledger_meta') IS NOT NULL")[0]
 
-    def _table_exists(self, cur: _Cursor, name: str) -> bool:
+    def _table_exists(self, cur: Cursor, name: str) -> bool:
         return cur.one("SELECT to_regclass(?) IS NOT NULL", (name,))[0]
 
-    def _schema_lock(self, cur: _Cursor) -> None:
+    def _schema_lock(self, cur: Cursor) -> None:
         cur.q("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_ID,))
 
     def _guard_ddl(self) -> Sequence[str]:

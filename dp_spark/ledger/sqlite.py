@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from dp_spark.errors import LedgerIntegrityError, LedgerUnavailableError
-from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, _Cursor, resolve_key
+from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, Cursor, resolve_key
 
 __all__ = ["SQLiteLedger"]
 
@@ -83,12 +83,12 @@ class SQLiteLedger(SqlLedger):
 
     # -- hooks -----------------------------------------------------------------------
     @contextmanager
-    def _transaction(self, write: bool) -> Iterator[_Cursor]:
+    def _transaction(self, write: bool) -> Iterator[Cursor]:
         conn = self._conn
         assert conn is not None
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
-            yield _Cursor(conn.execute, "qmark")
+            yield Cursor(conn.execute, "qmark")
         except BaseException:
             if conn.in_transaction:
                 try:
@@ -120,10 +120,10 @@ class SQLiteLedger(SqlLedger):
             return (f"the database is locked by another process (waited {self.busy_timeout_ms / 1000:g} s)")
         return super()._reason(exc)
 
-    def _schema_exists(self, cur: _Cursor) -> bool:
+    def _schema_exists(self, cur: Cursor) -> bool:
         return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dp_ledger_meta'") is not None
 
-    def _table_exists(self, cur: _Cursor, name: str) -> bool:
+    def _table_exists(self, cur: Cursor, name: str) -> bool:
         return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)) is not None
 
     def _guard_ddl(self) -> Sequence[str]:

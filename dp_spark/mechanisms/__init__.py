@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Iterable, Sequence
 
 from dp_spark.errors import ConfigError
-from dp_spark.mechanisms.grid import (
+from dp_spark.core.grid import (
     GRID_DEFAULT_EXPONENT,
     GRID_FINEST_EXPONENT,
     from_grid,

@@ -1,6 +1,6 @@
 """Exact accuracy of the discrete noise distributions, in GRID UNITS (integers).
 
-The engine multiplies by 2^k (see :mod:`dp_spark.mechanisms.grid`) to report real units.
+The engine multiplies by 2^k (see :mod:`dp_spark.core.grid`) to report real units.
 
 Discrete Laplace with scale t, a = exp(-1/t):
     P(x) = (1 - a) / (1 + a) * a^|x|,
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from dp_spark.errors import ConfigError
-from dp_spark.mechanisms.samplers import DISCRETE_GAUSSIAN, DISCRETE_LAPLACE, _check_scale
+from dp_spark.mechanisms.samplers import DISCRETE_GAUSSIAN, DISCRETE_LAPLACE, check_scale
 
 __all__ = [
     "discrete_laplace_stddev",
@@ -66,7 +66,7 @@ _SPAN = 40.0  # |x| <= 40 sigma + 2 covers all mass representable in double prec
 
 
 def _scale_float(scale: Any, name: str) -> float:
-    frac = _check_scale(scale, name)
+    frac = check_scale(scale, name)
     f = float(frac)
     if not math.isfinite(f) or f <= 0:
         raise ConfigError(f"{name} is outside the supported range")
@@ -323,7 +323,7 @@ def edge_halfwidths(mechanism: str, scale: Any, bins: int, q: Any, beta: float) 
     if not 0.0 < qf < 1.0:
         raise ConfigError("q must be in (0, 1)")
     b = _alpha(beta)
-    return _edge_halfwidths(mechanism, Fraction(_check_scale(scale, "scale")), bins, qf, b)
+    return _edge_halfwidths(mechanism, Fraction(check_scale(scale, "scale")), bins, qf, b)
 
 
 @functools.lru_cache(maxsize=256)

@@ -27,7 +27,7 @@ from fractions import Fraction
 from numbers import Rational
 from typing import Any
 
-from dp_spark.budget import to_fraction
+from dp_spark.core.budget import to_fraction
 from dp_spark.errors import ConfigError, InvalidBoundsError, InvalidBudgetError
 from dp_spark.mechanisms import accuracy
 

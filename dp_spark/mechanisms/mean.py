@@ -29,9 +29,9 @@ from typing import Optional, Union
 
 import numpy as np
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError, InvalidBoundsError, MeasureMismatchError
-from dp_spark.units import Aggregate, ContributionBounds, as_relation, sensitivity
+from dp_spark.core.units import Aggregate, ContributionBounds, as_relation, sensitivity
 
 __all__ = [
     "SPLIT_MIN",
@@ -247,7 +247,7 @@ def optimal_mean_split(bounds: ContributionBounds, relation, assumed_group_size:
       Var(S)/n^2 + W^2 Var(C)/n^2, with Var ~ Delta_1^2/eps^2 (Laplace) or Delta_2^2/rho
       (Gaussian): f/(1-f) = (Delta_S / (W Delta_C))^(2/3) (Laplace) or
       sqrt(Delta_S^2 / (W^2 Delta_C^2)) (Gaussian); n cancels. With the sensitivities of
-      :func:`~dp_spark.units.sensitivity` this is 1/2, except for the Gaussian under
+      :func:`~dp_spark.core.units.sensitivity` this is 1/2, except for the Gaussian under
       replace_unit (the signed sum's l2^2 is 4x, the count's 2x): sqrt(2)/(1+sqrt(2)) ~ 0.59.
     """
     _check_mechanism(mechanism)

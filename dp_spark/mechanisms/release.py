@@ -4,7 +4,7 @@ The Spark engine calls :func:`plan_statistic` for each statistic of a release *b
 data is read* (RELIABILITY 10: no sensitivity, scale or control flow depends on the data),
 then :func:`add_noise` once per statistic on the exact integer partials it collected.
 
-Grid. Sums are released on the fixed-point grid 2^k (:mod:`dp_spark.mechanisms.grid`):
+Grid. Sums are released on the fixed-point grid 2^k (:mod:`dp_spark.core.grid`):
 a clamped value v is the integer round(v 2^-k); counts use k = 0. The grid sensitivity is
 derived from the clamp bounds *in grid units*, rounded outward ([floor(L 2^-k),
 ceil(U 2^-k)]), so it bounds the change of the integer partials whatever the rounding of
@@ -32,12 +32,13 @@ from functools import lru_cache
 from numbers import Integral
 from typing import Optional, Sequence, Union
 
-from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError, MeasureMismatchError
-from dp_spark.events import ComposedEvent, Event, NoiseEvent
-from dp_spark.mechanisms import accuracy, calibration, grid
+from dp_spark.core.events import ComposedEvent, Event, NoiseEvent
+from dp_spark.mechanisms import accuracy, calibration
+from dp_spark.core import grid
 from dp_spark.mechanisms.mean import mean_from_noisy, mean_interval, optimal_mean_split
-from dp_spark.units import (
+from dp_spark.core.units import (
     Aggregate,
     ContributionBounds,
     Neighbouring,
@@ -340,7 +341,7 @@ def release_sum(values: Sequence, budget, bounds: ContributionBounds, relation, 
     return Released(noisy * unit, ((noisy - h) * unit, (noisy + h) * unit), plan, plan.event)
 
 
-def _share(budget, split: Fraction):
+def charge_share(budget, split: Fraction):
     if isinstance(budget, PureDP):
         return PureDP(budget.epsilon * split)
     if isinstance(budget, ZCDP):
@@ -368,7 +369,7 @@ def release_mean(values: Sequence, budget, bounds: ContributionBounds, relation,
     split = Fraction(split)
     if not 0 < split < 1:
         raise ConfigError("a mean split must be in (0, 1)")
-    sum_share = _share(budget, split)
+    sum_share = charge_share(budget, split)
     count_share = budget - sum_share
     count_plan = plan_statistic("count", Aggregate.ROW_COUNT, bounds, relation, count_share, 0, 1)
     sum_plan = plan_statistic("normalised_sum", Aggregate.NORMALISED_SUM, bounds, relation, sum_share, k, 1)

@@ -1,6 +1,6 @@
 """Noise sources: the only place dp_spark draws noise.
 
-Every source draws *integers* (noise in grid units, see :mod:`dp_spark.mechanisms.grid`):
+Every source draws *integers* (noise in grid units, see :mod:`dp_spark.core.grid`):
 
 * ``discrete_laplace(scale, n)``: n iid draws with P(x) proportional to exp(-|x| / scale), x in Z;
 * ``discrete_gaussian(sigma, n)``: n iid draws with P(x) proportional to exp(-x^2 / (2 sigma^2)).
@@ -51,7 +51,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from dp_spark.budget import to_fraction
+from dp_spark.core.budget import to_fraction
 from dp_spark.errors import ConfigError, InvalidBudgetError, TestModeError
 
 __all__ = [
@@ -85,7 +85,7 @@ RandBelow = Callable[[int], int]
 # ---------------------------------------------------------------------------------------
 # validation
 # ---------------------------------------------------------------------------------------
-def _check_scale(value: Any, name: str) -> Fraction:
+def check_scale(value: Any, name: str) -> Fraction:
     """Exact, strictly positive, finite Fraction (InvalidBudgetError otherwise; no value in text)."""
     frac = to_fraction(value, name)  # rejects NaN, inf, bool, junk
     if frac <= 0:
@@ -268,7 +268,7 @@ class NoiseSource(abc.ABC):
         return f"<{type(self).__name__} {self.name}>"
 
 
-def _float_at_least(frac: Fraction, name: str) -> float:
+def float_at_least(frac: Fraction, name: str) -> float:
     """The smallest double >= frac (privacy-safe rounding of a scale)."""
     try:
         f = float(frac)
@@ -330,11 +330,11 @@ class OpenDPNoiseSource(NoiseSource):
         return out
 
     def discrete_laplace(self, scale: Fraction, n: int) -> list[int]:
-        scale = _check_scale(scale, "scale")
+        scale = check_scale(scale, "scale")
         n = _check_n(n)
         if n == 0:
             return []
-        f = _float_at_least(scale, "scale")
+        f = float_at_least(scale, "scale")
         draws = self._vector(DISCRETE_LAPLACE, f, n)
         exact_scale = Fraction(f)
         for i, x in enumerate(draws):
@@ -346,14 +346,14 @@ class OpenDPNoiseSource(NoiseSource):
         return draws
 
     def discrete_gaussian(self, sigma: Fraction, n: int) -> list[int]:
-        sigma = _check_scale(sigma, "sigma")
+        sigma = check_scale(sigma, "sigma")
         n = _check_n(n)
         if n == 0:
             return []
         if sigma > _GAUSSIAN_OPENDP_MAX_SIGMA:
-            f = _float_at_least(sigma, "sigma")
+            f = float_at_least(sigma, "sigma")
             return _exact_gaussian_draws(Fraction(f), n, _os_randbelow)
-        f = _float_at_least(sigma, "sigma")
+        f = float_at_least(sigma, "sigma")
         draws = self._vector(DISCRETE_GAUSSIAN, f, n)
         sigma2 = Fraction(f) ** 2
         for i, x in enumerate(draws):
@@ -385,12 +385,12 @@ class SeededNoiseSource(NoiseSource):
         self._stream = _ShakeStream(seed)
 
     def discrete_laplace(self, scale: Fraction, n: int) -> list[int]:
-        scale = _check_scale(scale, "scale")
+        scale = check_scale(scale, "scale")
         n = _check_n(n)
         return _exact_laplace_draws(scale, n, self._stream.randbelow)
 
     def discrete_gaussian(self, sigma: Fraction, n: int) -> list[int]:
-        sigma = _check_scale(sigma, "sigma")
+        sigma = check_scale(sigma, "sigma")
         n = _check_n(n)
         return _exact_gaussian_draws(sigma, n, self._stream.randbelow)
 
@@ -410,14 +410,14 @@ class RecordingNoiseSource(NoiseSource):
         self.calls: list[NoiseCall] = []
 
     def discrete_laplace(self, scale: Fraction, n: int) -> list[int]:
-        scale = _check_scale(scale, "scale")
+        scale = check_scale(scale, "scale")
         n = _check_n(n)
         out = self.inner.discrete_laplace(scale, n)
         self.calls.append(NoiseCall(DISCRETE_LAPLACE, scale, n))
         return out
 
     def discrete_gaussian(self, sigma: Fraction, n: int) -> list[int]:
-        sigma = _check_scale(sigma, "sigma")
+        sigma = check_scale(sigma, "sigma")
         n = _check_n(n)
         out = self.inner.discrete_gaussian(sigma, n)
         self.calls.append(NoiseCall(DISCRETE_GAUSSIAN, sigma, n))

@@ -14,7 +14,7 @@ from typing_extensions import Annotated
 
 from dp_spark.errors import ConfigError
 from dp_spark.spec.errors import model_errors, raise_errors
-from dp_spark.spec.types import FreeText, SpecModel, fail, fail_at
+from dp_spark.core.fields import FreeText, SpecModel, fail, fail_at
 
 __all__ = ["ROLES", "AccessPolicyModel", "GrantModel", "LocalDefaultModel", "access_policy_model"]
 

@@ -15,7 +15,7 @@ from typing_extensions import Annotated
 
 from dp_spark.errors import ConfigError
 from dp_spark.spec.errors import model_errors, raise_errors
-from dp_spark.spec.types import FreeText, PositiveInt, SpecModel, fail
+from dp_spark.core.fields import FreeText, PositiveInt, SpecModel, fail
 
 __all__ = ["EnvModel", "SecretRefModel", "SparkModel", "env_model"]
 

@@ -8,7 +8,7 @@ Two forms, chosen by the presence of ``statistics``:
 * :class:`SingleMetricSpec`: ``metric``, one ``group_by`` mapping, ``value``, ``mean``; rewritten
   into the ``statistics`` form when read (:mod:`dp_spark.spec.legacy`), its release ids unchanged.
 
-Field rules are the fields' types (:mod:`dp_spark.spec.types`: numbers are exact Fractions);
+Field rules are the fields' types (:mod:`dp_spark.core.fields`: numbers are exact Fractions);
 cross-field rules (cells against ``max_cells``, the delta a private key selection spends, the
 ``where`` predicate, ``min_group_size`` against the statistics, ...) are model validators.
 :func:`release_spec_from_dict` validates a mapping and builds the
@@ -32,20 +32,20 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       field_validator, model_validator)
 from typing_extensions import Annotated
 
-from dp_spark.budget import Budget, ZCDP, parse_budget
+from dp_spark.core.budget import Budget, ZCDP, parse_budget
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
-from dp_spark.governance.thresholds import OTHER_KEY, MinGroupSize, count_statistic_for
+from dp_spark.statistics.postprocess import OTHER_KEY, MinGroupSize, count_statistic_for
 from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
-from dp_spark.spec.legacy import METRICS, legacy_statistics
+from dp_spark.spec.legacy import legacy_statistics
 from dp_spark.spec.errors import model_errors, raise_errors
 from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, MeanOptions, PrivateKeys,
                                    PublicKeys, ReleaseSpec, ValueSpec, grid_align)
-from dp_spark.spec.types import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
+from dp_spark.core.fields import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
                                  Number, PositiveInt, PositiveNumber, SpecModel, fail, fail_at, int_type,
                                  number_type)
 from dp_spark.spec.where import check_where
 from dp_spark.statistics.base import StatisticSpec, align_clamp, kinds
-from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKind
+from dp_spark.core.units import ContributionBounds, Neighbouring, PrivacyUnit, UnitKind
 
 __all__ = ["SingleMetricSpec", "MultiStatisticSpec", "release_spec_from_dict", "release_spec_errors",
            "check_release_dict", "budget_charge", "statistic_models", "DEFAULT_MAX_CELLS", "HARD_MAX_CELLS",

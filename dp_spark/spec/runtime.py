@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Optional
 
-from dp_spark.budget import Budget
+from dp_spark.core.budget import Budget
 from dp_spark.errors import ConfigError
-from dp_spark.governance.thresholds import MinGroupSize
+from dp_spark.statistics.postprocess import MinGroupSize
 from dp_spark.statistics.base import StatisticSpec, align_clamp
-from dp_spark.units import ContributionBounds, Neighbouring, PrivacyUnit
+from dp_spark.core.units import ContributionBounds, Neighbouring, PrivacyUnit
 
 __all__ = ["PublicKeys", "PrivateKeys", "ValueSpec", "MeanOptions", "ExhaustionPolicy", "ReleaseSpec",
            "DEFAULT_SELECTION_SHARE", "key_set_canonical", "bounds_to_json", "grid_align"]

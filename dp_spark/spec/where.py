@@ -15,7 +15,7 @@ best, the row's values in the message at worst. Two defences, both before any da
    ``mod``, ``pmod`` (use ``try_divide`` / ``try_mod``), ``[]`` and ``element_at``, regular
    expressions, ``raise_error``, ``assert_true``, aggregates, windows, subqueries, UDFs and
    non-deterministic functions.
-2. **Total evaluation** (:func:`dp_spark.aggregations.query.total_where`): the engine resolves
+2. **Total evaluation** (:func:`dp_spark.backends.spark.total_where`): the engine resolves
    and runs the predicate with ``spark.sql.ansi.enabled=false``, under which the implicit casts
    the analyser inserts (``coupon = 5`` on a string column) and integer overflow yield null or
    wrap instead of raising; a null predicate makes the row not match. The allow-list is tested

@@ -22,7 +22,7 @@ A statistic kind lives in ONE module (``counts``, ``moments``, ``quantile``) tha
   (:meth:`StatisticKind.finish`).
 
 Adding a kind: write its module and register it with :func:`register`. The engine stays
-generic (``dp_spark.statistics.plan`` and ``dp_spark.aggregations.query``).
+generic (``dp_spark.statistics.plan`` and ``dp_spark.backends.spark``).
 
 Nothing here imports pyspark.
 """
@@ -68,7 +68,7 @@ def align_clamp(column: str, declared_lower: Fraction, declared_upper: Fraction)
     Then the lower bound, the upper bound and their midpoint are exact grid points, so the
     sensitivity derived from the enforced bounds is exactly what the Spark path produces.
     """
-    from dp_spark.mechanisms.grid import grid_exponent_for
+    from dp_spark.core.grid import grid_exponent_for
 
     k = grid_exponent_for(declared_lower, declared_upper)
     step = Fraction(2) ** (k + 1)

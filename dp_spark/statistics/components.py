@@ -3,7 +3,7 @@
 Each component is one vector of integers per release (``width`` entries per cell) to which
 noise is added once per entry. Its sensitivity is derived from the bounds the engine
 enforces (K rows per unit, L0 cells per unit, Linf rows per cell, each value clamped), under
-the release's neighbour relation, with :func:`dp_spark.units.sensitivity` (the table and its
+the release's neighbour relation, with :func:`dp_spark.core.units.sensitivity` (the table and its
 proofs are in ``docs/privacy-semantics.md``):
 
 =============  ========================================  ==========================================
@@ -23,8 +23,10 @@ hist           1 in the value's bin (B public bins)       row count: per cell th
                                                           the row-count vector
 =============  ========================================  ==========================================
 
-The Spark side (:meth:`Component.row_columns`, :meth:`Component.aggregates`) is written
-against plain column names and imports pyspark lazily: this module is importable without it.
+Each backend computes these partials its own way: the Spark backend builds them as columns
+(:func:`dp_spark.backends.spark.component_row_columns`, :func:`~dp_spark.backends.spark.component_aggregates`),
+the local backend from rows (:mod:`dp_spark.backends.local`); an equivalence test holds them equal.
+Nothing here imports pyspark.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ import hashlib
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Optional
 
 from dp_spark.statistics.base import Clamp
-from dp_spark.units import Aggregate, ContributionBounds, Neighbouring
+from dp_spark.core.units import Aggregate, ContributionBounds, Neighbouring
 
 _PART_BITS = 21
 _PART_MASK = 2**_PART_BITS - 1
@@ -78,7 +80,7 @@ class Component:
     @property
     def square_grid(self) -> tuple[int, int]:
         """(k2, S) of ``nsumsq``: the grid 2^k2 of the centred squares and their bound S."""
-        from dp_spark.mechanisms.grid import grid_exponent_for
+        from dp_spark.core.grid import grid_exponent_for
 
         half = self.clamp.half_width * self.clamp.half_width / 2
         k2 = grid_exponent_for(-half, half)
@@ -129,67 +131,17 @@ class Component:
 
     # -- Spark: per-row columns and aggregates ---------------------------------------------
     @property
+    def tag(self) -> str:
+        """The short name shared by the partial columns of equal components (clamp, bins)."""
+        return _tag(self.clamp)
+
+    @property
+    def bin_tag(self) -> str:
+        return _tag(self.clamp, str(self.bins))
+
+    @property
     def fixed_column(self) -> str:
         return f"dp_fx_{_tag(self.clamp)}"
-
-    def row_columns(self) -> dict[str, Any]:
-        """Per-row columns this component aggregates: {name: Column}, over the bounded rows
-        (which hold ``dp_cell``, the unit and the clamped fixed-point value ``fixed_column``
-        of each clamp, and the raw value column). Names are shared by equal components."""
-        from pyspark.sql import functions as F
-        from pyspark.sql import types as T
-
-        if self.kind == "nsumsq":
-            k2, s = self.square_grid
-            c = self.clamp
-            unit = float(Fraction(2) ** c.grid_exponent)
-            x = F.col(self.fixed_column).cast(T.DoubleType()) * F.lit(unit) - F.lit(float(c.midpoint))
-            half = float(c.half_width * c.half_width / 2)
-            y = F.round((x * x - F.lit(half)) * F.lit(float(Fraction(2) ** -k2)), 0).cast(T.LongType())
-            y = F.least(F.greatest(y, F.lit(-s).cast(T.LongType())), F.lit(s).cast(T.LongType()))
-            return {f"dp_sq_{_tag(self.clamp)}": y}
-        if self.kind == "hist":
-            c = self.clamp
-            lo = float(c.lower * Fraction(2) ** -c.grid_exponent)
-            span = float((c.upper - c.lower) * Fraction(2) ** -c.grid_exponent)
-            pos = (F.col(self.fixed_column).cast(T.DoubleType()) - F.lit(lo)) / F.lit(span) * F.lit(float(self.bins))
-            b = F.least(F.greatest(F.floor(pos), F.lit(0)), F.lit(self.bins - 1)).cast(T.IntegerType())
-            return {f"dp_bin_{_tag(self.clamp, str(self.bins))}": b}
-        return {}
-
-    def aggregates(self, unit_col: str) -> dict[str, Any]:
-        """{alias: aggregate Column} of this component's partials per cell (longs)."""
-        from pyspark.sql import functions as F
-        from pyspark.sql import types as T
-
-        def exact_sum(col: str, alias: str) -> dict[str, Any]:
-            # v = hi 2^42 + mid 2^21 + lo: three long sums, exact for up to 2^42 rows per cell
-            v = F.col(col).cast(T.LongType())
-            mask = F.lit(_PART_MASK).cast(T.LongType())
-            parts = {f"{alias}_lo": v.bitwiseAND(mask),
-                     f"{alias}_mid": F.shiftright(v, _PART_BITS).bitwiseAND(mask),
-                     f"{alias}_hi": F.shiftright(v, 2 * _PART_BITS)}
-            return {a: F.coalesce(F.sum(e), F.lit(0).cast(T.LongType())) for a, e in parts.items()}
-
-        rows = {"dp_rows": F.count(F.lit(1)).cast(T.LongType())}
-        if self.kind == "rows":
-            return rows
-        if self.kind == "units":
-            # the number of (cell, unit) groups: computed by the two-level aggregation
-            # (dp_spark.aggregations.query), not a count(distinct) per row
-            return {"dp_units": None}
-        if self.kind in ("sum", "nsum"):
-            out = exact_sum(self.fixed_column, f"dp_s_{_tag(self.clamp)}")
-            return {**out, **rows} if self.kind == "nsum" else out
-        if self.kind == "nsumsq":
-            name = self.square_alias
-            return exact_sum(name, name)
-        if self.kind == "hist":
-            b = F.col(f"dp_bin_{_tag(self.clamp, str(self.bins))}")
-            return {self.bin_column(j): F.coalesce(F.sum(F.when(b == j, F.lit(1)).otherwise(F.lit(0))),
-                                                  F.lit(0)).cast(T.LongType())
-                    for j in range(self.bins)}
-        raise ValueError(f"unknown component kind {self.kind!r}")
 
     def bin_column(self, j: int) -> str:
         """The partial column of bin ``j`` of a ``hist`` component."""

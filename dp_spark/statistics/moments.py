@@ -62,7 +62,7 @@ from pydantic import Field, model_validator
 import numpy as np
 
 from dp_spark.mechanisms.mean import mean_cell_accuracy, mean_error_quantile, mean_expected_abs_error
-from dp_spark.spec.types import Number, PositiveInt, SpecModel, fail_at
+from dp_spark.core.fields import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.noise import cell, expected_abs, halfwidth, joint_alpha, law_nodes, plugin_error, stddev

@@ -6,7 +6,7 @@
       -> budget split over the components (weights, or the error-minimising default)
       -> one StatisticPlan per component (sensitivity from the enforced bounds, calibrated
          scale, NoiseEvent over cells x width entries)
-      -> [Spark: exact partials per cell, dp_spark.aggregations.query]
+      -> [Spark: exact partials per cell, dp_spark.backends.spark]
       -> noise: one vector draw per component, then each statistic's post-processing per cell
 
 Default split. Each statistic i declares a first-order model of its squared error relative to
@@ -41,9 +41,9 @@ from fractions import Fraction
 from itertools import product
 from typing import Any, Mapping, Optional
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError, DpSparkError
-from dp_spark.events import ComposedEvent
+from dp_spark.core.events import ComposedEvent
 from dp_spark.statistics.base import kind_of
 
 _QUANTUM = 10**6
@@ -80,7 +80,7 @@ def _snap(fracs: list[float]) -> list[Fraction]:
     return snapped
 
 
-def _share(charge, frac: Fraction):
+def charge_share(charge, frac: Fraction):
     if isinstance(charge, PureDP):
         return PureDP(charge.epsilon * frac)
     if isinstance(charge, ZCDP):
@@ -222,13 +222,13 @@ def plan_query(spec) -> QueryPlan:
         from dp_spark.statistics.selection import plan_selection
 
         rest = 1 - spec.selection_share
-        selection = plan_selection(spec, _share(spec.charge, spec.selection_share))
-    mean_split = _one_mean_split(spec, comps, _share(spec.charge, rest))
+        selection = plan_selection(spec, charge_share(spec.charge, spec.selection_share))
+    mean_split = _one_mean_split(spec, comps, charge_share(spec.charge, rest))
     if mean_split is not None:
         fractions = [mean_split if c.kind == "nsum" else 1 - mean_split for c in comps]
     else:
         fractions = _snap([split[c] for c in comps])
-    plans = tuple(c.plan(spec.bounds, spec.neighbouring, _share(spec.charge, f * rest), cells)
+    plans = tuple(c.plan(spec.bounds, spec.neighbouring, charge_share(spec.charge, f * rest), cells)
                   for c, f in zip(comps, fractions))
     return QueryPlan(spec=spec, components=tuple(comps), fractions=tuple(fractions), statistics=plans,
                      stat_components=tuple(per_stat), mean_split=mean_split, selection=selection)

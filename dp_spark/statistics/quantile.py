@@ -56,7 +56,7 @@ import numpy as np
 from pydantic import Field
 
 from dp_spark.mechanisms.accuracy import edge_halfwidths
-from dp_spark.spec.types import int_type, number_type
+from dp_spark.core.fields import int_type, number_type
 from dp_spark.statistics.base import StatisticKind, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.moments import GroupSizeOptions

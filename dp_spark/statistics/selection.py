@@ -54,10 +54,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterable, Optional, Sequence
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError
-from dp_spark.events import LAPLACE, NoiseEvent
-from dp_spark.units import Aggregate, Neighbouring, sensitivity
+from dp_spark.core.events import LAPLACE, NoiseEvent
+from dp_spark.core.units import Aggregate, Neighbouring, sensitivity
 
 __all__ = ["SelectionPlan", "plan_selection", "laplace_threshold", "publish_probability",
            "keep_over_threshold", "limit_keys"]
@@ -75,9 +75,9 @@ def _tail(k: int, b: float) -> float:
 
 
 def _scale_float(scale: Fraction) -> float:
-    from dp_spark.mechanisms.samplers import _float_at_least
+    from dp_spark.mechanisms.samplers import float_at_least
 
-    return _float_at_least(scale, "scale")
+    return float_at_least(scale, "scale")
 
 
 def laplace_threshold(scale: Fraction, delta: Fraction, max_new_keys: int) -> int:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
-from dp_spark.budget import ZCDP
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
+from dp_spark.core.budget import ZCDP
 from dp_spark.config import load_env
 from dp_spark.engine import plan_for, read_or_create_salt, release_id_for
 from dp_spark.ledger import open_ledger
-from dp_spark.release.writer import pin_snapshot
+from dp_spark.delta.release_table import pin_snapshot
 
 from .conftest import BUDGET, ROOT, child_env, delta_jars, env_spec, run_bounded, spark_home, spec_path
 
@@ -37,10 +37,10 @@ PROBE = r'''
 """Cluster probe: the exact partials of a spec at a pinned input version (test data only)."""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
 from dp_spark.config import load_env, load_release_spec
 from dp_spark.engine import plan_for, read_or_create_salt
-from dp_spark.release.writer import Snapshot
+from dp_spark.delta.release_table import Snapshot
 from dp_spark.spark import get_or_create_session
 
 _, root, env_file, spec_file, table_id, version, out = sys.argv

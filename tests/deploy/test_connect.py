@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from dp_spark.config import load_env
 from dp_spark.engine import read_or_create_salt, release_id_for
 from dp_spark.ledger import open_ledger
-from dp_spark.release.writer import pin_snapshot
+from dp_spark.delta.release_table import pin_snapshot
 from dp_spark.schedule import day_spec
 
 from .conftest import BUDGET, PRINCIPAL, ROOT, START, child_env, env_spec, run_bounded, spec_path

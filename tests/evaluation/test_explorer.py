@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.config import load_release_spec, release_spec_from_dict
 from dp_spark.evaluation import explorer
 
@@ -107,7 +107,7 @@ def test_smallest_budget_meets_the_target_and_ninety_percent_does_not(metric, me
 
 def test_smallest_budget_uses_the_calibration_inverse_for_counts():
     from dp_spark.mechanisms.calibration import min_epsilon_for_error
-    from dp_spark.units import Aggregate, sensitivity
+    from dp_spark.core.units import Aggregate, sensitivity
 
     spec = make_spec("count", "pure_dp", 1, k=5)
     b = explorer.smallest_budget(spec, 1000, 0.02, 0.95)

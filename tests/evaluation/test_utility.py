@@ -267,7 +267,7 @@ def test_bias_variance_table_exact_on_a_known_cell():
 
 def test_dp_quantile_charge_event_and_sensitivity():
     from dp_spark.accountant import Accountant
-    from dp_spark.budget import PureDP, ZCDP
+    from dp_spark.core.budget import PureDP, ZCDP
     from dp_spark.mechanisms.samplers import SeededNoiseSource
 
     rng = np.random.default_rng(3)  # test data, not noise
@@ -299,7 +299,7 @@ def test_dp_quantile_charge_event_and_sensitivity():
 
 
 def test_dp_quantile_concentrates_near_the_true_quantile():
-    from dp_spark.budget import PureDP
+    from dp_spark.core.budget import PureDP
     from dp_spark.mechanisms.samplers import SeededNoiseSource
 
     units = [[float(v)] for v in range(1, 10_001)]  # 10,000 units, one row each: q90 = 9,000
@@ -329,7 +329,7 @@ def _quantile_engine(tmp_path, principal):
 
 
 def test_dp_quantile_with_an_engine_is_charged_and_audited(tmp_path):
-    from dp_spark.budget import PureDP
+    from dp_spark.core.budget import PureDP
     from dp_spark.errors import PermissionDeniedError
 
     units = [[float(v)] for v in range(1, 2001)]
@@ -357,7 +357,7 @@ def test_dp_quantile_with_an_engine_is_charged_and_audited(tmp_path):
 
 
 def test_dp_quantile_refuses_an_uncharged_draw_outside_test_mode(monkeypatch, tmp_path):
-    from dp_spark.budget import PureDP
+    from dp_spark.core.budget import PureDP
     from dp_spark.errors import TestModeError
 
     units = [[1.0], [2.0], [3.0]]

@@ -140,7 +140,7 @@ def test_preregistration(policy, project, tmp_path):
     assert not is_preregistered(project / "conf/releases/../../mine.yaml", project / "conf/releases")
     # an in-memory change of the spec (edited after loading) no longer matches the file
     from dataclasses import replace
-    from dp_spark.budget import ZCDP
+    from dp_spark.core.budget import ZCDP
 
     edited = replace(spec, charge=ZCDP("0.5"))
     with pytest.raises(PermissionDeniedError, match="content hash differs"):
@@ -162,7 +162,7 @@ def test_per_day_restriction_of_a_registered_spec_is_registered(project):
     assert is_preregistered(path, project / "conf/releases", day)
     # but a restriction of another spec, or with a widened budget, is not
     from dataclasses import replace
-    from dp_spark.budget import ZCDP
+    from dp_spark.core.budget import ZCDP
 
     assert not is_preregistered(path, project / "conf/releases", replace(day, charge=ZCDP("1")))
     aov = load_release_spec(spec_in(project, "aov_by_region.yaml"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dp_spark.accountant import Accountant
-from dp_spark.budget import ZCDP, budget_from_json
+from dp_spark.core.budget import ZCDP, budget_from_json
 from dp_spark.config import bounds_to_json, load_release_spec
 from dp_spark.governance.statement import (
     LIMITATIONS,
@@ -346,7 +346,7 @@ def test_statement_shows_the_budget_policy_history(published):
     """An accepted policy change (issue 13, item 15) is in the statement: who, when, why, what."""
     import dataclasses
 
-    from dp_spark.budget import ZCDP
+    from dp_spark.core.budget import ZCDP
 
     ledger, rows, versions = published
     raised = dataclasses.replace(POLICY, cap=ZCDP(4, POLICY.delta_cap))  # the same delta cap

@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from dp_spark.budget import PureDP
+from dp_spark.core.budget import PureDP
 from dp_spark.errors import ConfigError
-from dp_spark.governance.thresholds import (
+from dp_spark.statistics.postprocess import (
     OTHER_KEY,
     MinGroupSize,
     apply_min_group_size,
@@ -20,7 +20,7 @@ from dp_spark.governance.thresholds import (
 from dp_spark.mechanisms import add_noise
 from dp_spark.mechanisms.accuracy import noise_halfwidth, noise_stddev
 from dp_spark.mechanisms.release import plan_statistic
-from dp_spark.units import Aggregate, ContributionBounds, Neighbouring
+from dp_spark.core.units import Aggregate, ContributionBounds, Neighbouring
 
 
 def cell(stat, key, value, *, scale=2.0, grid=1.0, mech="discrete_laplace"):

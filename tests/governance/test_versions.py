@@ -42,7 +42,7 @@ def states(ledger, family):
 
 def release_rows(spark, path, family, release_ids, mode="official"):
     """A tiny release table: two cells per release (only the columns the view needs + value)."""
-    from dp_spark.release.writer import RELEASE_SCHEMA
+    from dp_spark.delta.release_table import RELEASE_SCHEMA
 
     rows = []
     for i, rid in enumerate(release_ids):

@@ -40,10 +40,10 @@ def _stop_here(sync: Path, stage: str):
 
 
 def _install(stage: str, sync: Path) -> None:
-    import dp_spark.aggregations.query as query
+    import dp_spark.backends.spark as query
     import dp_spark.governance.versions as versions
-    import dp_spark.ledger.mirror as mirror
-    import dp_spark.release.writer as writer
+    import dp_spark.delta.mirror as mirror
+    import dp_spark.delta.release_table as writer
     from dp_spark.engine import Engine
     from tests.spark.stall import stalled
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 
 from .conftest import ROOT, register
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import dp_spark.engine as engine_mod
-import dp_spark.ledger.mirror as mirror
+import dp_spark.delta.mirror as mirror
 from dp_spark.config import load_env
 from dp_spark.engine import Engine, publish
 from dp_spark.governance import statement_dir

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.config import load_env
 from dp_spark.engine import Engine, plan_for
 from dp_spark.errors import ConfigError
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
 
 from .conftest import ROOT, register
 

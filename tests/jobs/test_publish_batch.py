@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.config import load_env
 from dp_spark.engine import Engine
 from dp_spark.errors import ConfigError, SchemaError

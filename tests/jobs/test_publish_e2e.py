@@ -13,11 +13,11 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.config import load_env, load_release_spec, release_spec_from_dict
 from dp_spark.engine import Engine
 from dp_spark.errors import BudgetExceededError, ConfigError, OutputSchemaError, ReleaseFailedError, SchemaError
-from dp_spark.release.writer import RELEASE_SCHEMA
+from dp_spark.delta.release_table import RELEASE_SCHEMA
 
 from .conftest import ROOT, register, write_env
 
@@ -221,7 +221,7 @@ def _takeover(spark, warehouse, monkeypatch, hook, release_a):
     (taking the reservation over); then ``release_a`` lets A go on. Returns (A's result, B's)
     after checking what both orders must give: one set of cells in the table, both results
     showing exactly those, one committed entry and one charge, made once."""
-    import dp_spark.release.writer as writer_mod
+    import dp_spark.delta.release_table as writer_mod
 
     real = writer_mod.write_release
     monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r, **kw: hook(real, s, p, r, **kw))
@@ -271,7 +271,7 @@ def test_takeover_inside_the_first_runs_commit_makes_it_fail(spark, warehouse, m
     files. A's lease runs out; B takes over, writes and returns. A's commit must then fail
     (Delta's conflict check on the key it read) rather than land a second draw, and A must
     return B's cells."""
-    import dp_spark.release.writer as writer_mod
+    import dp_spark.delta.release_table as writer_mod
     from tests.spark.stall import release, stalled, wait_started
 
     sync = tmp_path / "sync"
@@ -412,7 +412,7 @@ def test_degrade_runs_the_coarser_fallback(spark, warehouse, tmp_path):
 
 
 def test_a_given_snapshot_is_used_and_must_be_of_the_specs_dataset(spark, warehouse):
-    from dp_spark.release.writer import Snapshot, pin_snapshot
+    from dp_spark.delta.release_table import Snapshot, pin_snapshot
 
     dau = register(warehouse, "dau_daily")
     eng = engine(spark, warehouse)

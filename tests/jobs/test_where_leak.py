@@ -97,7 +97,7 @@ def test_without_total_evaluation_the_victim_decides_and_the_failure_text_is_wit
     ledger say which stage and which exception class, never the row."""
     import contextlib
 
-    from dp_spark.aggregations import query
+    from dp_spark.backends import spark as query
 
     if spark.conf.get("spark.sql.ansi.enabled") != "true":
         pytest.skip("the control needs the session's default ANSI mode (on in Spark 4)")
@@ -124,7 +124,7 @@ DRIVER = textwrap.dedent("""
     from dp_spark.config import load_env, load_release_spec
     from dp_spark.engine import Engine
     from dp_spark.spark import get_or_create_session
-    from dp_spark.aggregations import query
+    from dp_spark.backends import spark as query
 
     env_file, spec_file, victim = sys.argv[1:4]
     spark = get_or_create_session("leak-probe", master="local[2]")

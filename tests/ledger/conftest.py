@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.ledger import open_ledger
 from dp_spark.ledger.base import Ledger
 from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from dp_spark.budget import PureDP
+from dp_spark.core.budget import PureDP
 from dp_spark.errors import BudgetExceededError, ReleaseConflictError
 
 N = 32

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.errors import (
     BudgetExceededError,
     ConfigError,
@@ -337,7 +337,7 @@ def test_find_returns_entry_dataclass(ledger, policy):
 # -- Delta mirror (Spark) --------------------------------------------------------------
 @pytest.mark.spark
 def test_mirror_to_delta(ledger, policy, spark, tmp_path):
-    from dp_spark.ledger.mirror import mirror_to_delta
+    from dp_spark.delta.mirror import mirror_to_delta
 
     ledger.register_budget(policy("b", measure="zcdp", cap=1))
     reserve(ledger, "r1", ZCDP("0.125"))

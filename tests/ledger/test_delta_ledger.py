@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 
 from dp_spark.accountant import DeltaCapExceededError
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import BudgetExceededError
 from dp_spark.ledger import ReleaseLimitExceededError
 from dp_spark.ledger.base import PolicyChangedError, policy_hash

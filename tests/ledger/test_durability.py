@@ -28,7 +28,7 @@ from typing import Optional
 
 import pytest
 
-from dp_spark.budget import PureDP
+from dp_spark.core.budget import PureDP
 from dp_spark.errors import LedgerError
 from dp_spark.ledger import open_ledger
 from tests.ledger.conftest import TEST_KEY, make_policy

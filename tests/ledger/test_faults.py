@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import (
     BudgetExceededError,
     ConfigError,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError
 from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy, load_policies
 

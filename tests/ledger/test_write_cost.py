@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dp_spark.budget import PureDP
+from dp_spark.core.budget import PureDP
 from dp_spark.errors import BudgetExceededError, LedgerIntegrityError
 from dp_spark.ledger import base
 from dp_spark.ledger.base import SPEND_PREFIX, SqlLedger
@@ -220,7 +220,7 @@ class _Counter:
     def __init__(self, monkeypatch):
         self.rows = 0
         self.macs = 0
-        real_q, real_mac = base._Cursor.q, SqlLedger._mac
+        real_q, real_mac = base.Cursor.q, SqlLedger._mac
 
         def q(cur, sql, params=()):
             rows = real_q(cur, sql, params)
@@ -231,7 +231,7 @@ class _Counter:
             self.macs += 1
             return real_mac(ledger, domain, *parts)
 
-        monkeypatch.setattr(base._Cursor, "q", q)
+        monkeypatch.setattr(base.Cursor, "q", q)
         monkeypatch.setattr(SqlLedger, "_mac", mac)
 
     def cost(self, fn):

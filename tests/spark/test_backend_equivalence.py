@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
 from dp_spark.backends.local import query_partials, select_private_keys, spark_xxhash64
 from dp_spark.config import release_spec_from_dict
 from dp_spark.mechanisms.samplers import NoiseSource

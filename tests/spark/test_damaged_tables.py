@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from dp_spark.errors import OutputSchemaError
-from dp_spark.release import writer as W
+from dp_spark.delta import release_table as W
 
 from .test_release_writer import _rows
 
@@ -47,7 +47,7 @@ def test_no_table_is_none(spark, tmp_path):
     empty_log = tmp_path / "empty_log"
     (empty_log / "_delta_log").mkdir(parents=True)
     for p in (missing, str(plain), str(empty_log)):
-        assert W._delta_schema(spark, p) is None
+        assert W.delta_schema(spark, p) is None
         assert not W.table_exists(spark, p)
         assert W.read_release(spark, p, "r1") == []
         assert not W.release_present(spark, p, "r1")

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dp_spark.mechanisms.release as release_mod
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
 from dp_spark.config import release_spec_from_dict
 from dp_spark.engine import plan_for
 from dp_spark.mechanisms.samplers import OpenDPNoiseSource
@@ -108,7 +108,7 @@ def test_neighbours_differ_by_at_most_the_sensitivity(spark, datasets, monkeypat
 
 def test_replay_detects_a_missing_bound(spark, datasets, monkeypatch):
     """The check can fail: without the K/L0 bounds the heavy unit breaks the sensitivity."""
-    import dp_spark.aggregations.query as query
+    import dp_spark.backends.spark as query
 
     d, d_prime = datasets
     spec = _spec("count", "pure_dp")

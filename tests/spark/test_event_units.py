@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
 from dp_spark.config import release_spec_from_dict
 from dp_spark.engine import plan_for
 from dp_spark.errors import SchemaError
-from dp_spark.transforms import keep_unique_events
+from dp_spark.backends.bounding import keep_unique_events
 
 SALT = "event-test-salt"
 REGIONS = ["r1", "r2", "r3"]
@@ -119,7 +119,7 @@ def test_bounding_alone_lets_a_duplicated_id_move_two_cells(spark):
     to another: L1 = 2 against the declared 1. Shown on the bare transforms."""
     from pyspark.sql import functions as F
 
-    from dp_spark.transforms import bound_contributions
+    from dp_spark.backends.bounding import bound_contributions
 
     def counts(rows):
         df = spark.createDataFrame(rows, SCHEMA).where(F.col("region").isin(REGIONS))

@@ -14,10 +14,10 @@ from fractions import Fraction
 
 import pytest
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.errors import LedgerIntegrityError
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.mirror import AUDIT_SCHEMA, ENTRY_SCHEMA, _audit_row, _version, _write, mirror_to_delta
+from dp_spark.delta.mirror import AUDIT_SCHEMA, ENTRY_SCHEMA, _audit_row, _version, _write, mirror_to_delta
 from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy
 
 pytestmark = pytest.mark.spark
@@ -167,7 +167,7 @@ def test_a_tampered_new_entry_is_not_mirrored(spark, tmp_path, ledger):
 
 def test_a_refresh_after_its_own_write_reads_the_recorded_state_not_the_table(spark, tmp_path, ledger,
                                                                               monkeypatch):
-    import dp_spark.ledger.mirror as mirror
+    import dp_spark.delta.mirror as mirror
 
     lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
     _reserve(ledger, "a", "r0")  # left reserved: the recorded state carries it
@@ -224,7 +224,7 @@ def _exc(cls_name: str, text: str) -> Exception:
 ])
 def test_is_concurrent_change_recognises_delta_races_only(exc, concurrent):
     from dp_spark.governance.versions import _is_conflict
-    from dp_spark.release.writer import is_concurrent_change
+    from dp_spark.delta.release_table import is_concurrent_change
 
     assert is_concurrent_change(exc) is concurrent
     if _is_conflict(exc):  # a superset of the versions table's check: switching to it changes nothing

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.ledger import open_ledger
 from dp_spark.cli.budget import budget_command
 from dp_spark.ledger.policy import load_policies

@@ -1,4 +1,4 @@
-"""Spark tests of the one aggregation path (dp_spark.aggregations.query): exact partials per key
+"""Spark tests of the one aggregation path (dp_spark.backends.spark): exact partials per key
 tuple, independent of the partitioning, and exact value sums beyond 2^63 under either ANSI mode.
 
 The grey-box neighbour tests (one heavy unit moves each partial within its bound; NaN rows and
@@ -14,7 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from pyspark.sql import functions as F
 
-from dp_spark.aggregations.query import build_query_partials, collect_query_partials
+from dp_spark.backends.spark import build_query_partials, collect_query_partials
 from dp_spark.config import release_spec_from_dict
 from dp_spark.statistics.plan import plan_query
 

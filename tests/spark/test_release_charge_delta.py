@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pyspark.sql import types as T
 
-from dp_spark.release import writer as W
+from dp_spark.delta import release_table as W
 
 
 def _row(release_id: str, charge_delta):

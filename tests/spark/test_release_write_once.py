@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from dp_spark.release import writer as W
+from dp_spark.delta import release_table as W
 from tests.spark.stall import release, stalled, wait_started
 from tests.spark.test_release_writer import _rows
 

@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 
 from dp_spark.errors import SchemaError
-from dp_spark.release import writer as W
+from dp_spark.delta import release_table as W
 
 
 def _rows(release_id: str, value: float, n: int = 3) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Spark tests of dp_spark.transforms: minimisation, special values, bounding, clamping."""
+"""Spark tests of dp_spark.backends.bounding: minimisation, special values, bounding, clamping."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from scipy import stats
 
 from dp_spark.errors import ConfigError, InvalidBoundsError, SchemaError
-from dp_spark.transforms import (
+from dp_spark.backends.bounding import (
     apply_value_policy,
     bound_contributions,
     clamp_to_fixed_point,

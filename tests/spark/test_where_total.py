@@ -17,7 +17,7 @@ import random
 import pytest
 from pyspark.sql import functions as F
 
-from dp_spark.aggregations.query import total_where
+from dp_spark.backends.spark import total_where
 from dp_spark.spec.where import ALLOWED_FUNCTIONS
 
 ARITY = {  # functions of more than one argument (the rest are unary here)

@@ -1,6 +1,6 @@
 """The coverage table's checks can fail (fast, not ``slow``): for every statistic kind under both
 measures, the half-width that kind's interval is built from is monkeypatched smaller, and the
-same small seeded run (:func:`dp_spark.statistics.coverage.simulate`, 200 releases of a cell of
+same small seeded run (:func:`dp_spark.evaluation.coverage.simulate`, 200 releases of a cell of
 50 units at levels 0.8 and 0.95) then fails the coverage check (coverage below nominal - 2 se),
 while the unpatched run passes it. Likewise the error check fails (in a cell of 200 units)
 when every kind's published error figures are halved. The full table (every size and level, 1,000 releases) is
@@ -13,7 +13,8 @@ from fractions import Fraction
 
 import pytest
 
-from dp_spark.statistics import coverage, moments, noise, quantile
+from dp_spark.evaluation import coverage
+from dp_spark.statistics import moments, noise, quantile
 
 REPS, SIZE, LEVELS = 200, 50, ("0.8", "0.95")
 

@@ -1,12 +1,12 @@
 """The coverage table (docs/accuracy.md, ``benchmarks/coverage.py``): every statistic kind x
 {pure DP, zCDP} x cell sizes {10, 20, 50, 200, 1000} x levels {0.5, 0.8, 0.9, 0.95, 0.99}, 1,000
 seeded releases of each cell through the engine's own noise and post-processing
-(:mod:`dp_spark.statistics.coverage`; no Spark).
+(:mod:`dp_spark.evaluation.coverage`; no Spark).
 
-Checks (:func:`dp_spark.statistics.coverage.check`): coverage at least nominal - 2 se; at most
+Checks (:func:`dp_spark.evaluation.coverage.check`): coverage at least nominal - 2 se; at most
 the upper band (exact-law intervals: nominal + the lattice's atom + 3 se; proven bounds: no
 limit); reported errors within 25% of the measured ones (40% where the noise dominates,
-:data:`dp_spark.statistics.coverage.NOISE_DOMINATED`). Each check is shown able to fail: the
+:data:`dp_spark.evaluation.coverage.NOISE_DOMINATED`). Each check is shown able to fail: the
 same releases with every half-width x0.7 (x0.25 for the proven bounds) fail the coverage check
 for every kind and measure, error figures x0.7 or x1.4 fail the error check, a sum's interval
 twice too wide fails the upper band; the fast
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from dp_spark.statistics import coverage
+from dp_spark.evaluation import coverage
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ import pytest
 
 os.environ.setdefault("DP_SPARK_TEST_MODE", "1")
 
-from dp_spark.budget import PureDP, ZCDP  # noqa: E402
+from dp_spark.core.budget import PureDP, ZCDP  # noqa: E402
 from dp_spark.config import load_release_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow

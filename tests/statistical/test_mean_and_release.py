@@ -23,7 +23,7 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.mechanisms import accuracy
 from dp_spark.mechanisms.mean import mean_from_noisy, mean_interval, optimal_mean_split
 from dp_spark.mechanisms.release import (
@@ -33,7 +33,7 @@ from dp_spark.mechanisms.release import (
     value_to_grid,
 )
 from dp_spark.mechanisms.samplers import SeededNoiseSource
-from dp_spark.units import Aggregate, ContributionBounds, Neighbouring
+from dp_spark.core.units import Aggregate, ContributionBounds, Neighbouring
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ from fractions import Fraction
 
 import pytest
 
-from dp_spark.budget import PureDP
+from dp_spark.core.budget import PureDP
 from dp_spark.mechanisms import DISCRETE_LAPLACE
 from dp_spark.statistics.components import Component
-from dp_spark.units import ContributionBounds, Neighbouring
+from dp_spark.core.units import ContributionBounds, Neighbouring
 
 from tests.statistical.test_dp_inequality import Case, run
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dp_spark.accountant import Accountant
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.config import PrivateKeys, release_spec_from_dict
 from dp_spark.errors import ConfigError
 from dp_spark.mechanisms.samplers import OpenDPNoiseSource

@@ -8,10 +8,10 @@ from fractions import Fraction as F
 import pytest
 
 from dp_spark.accountant import Accountant, PrivacyFilter
-from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.errors import BudgetExceededError, ConfigError, InvalidBudgetError, MeasureMismatchError
-from dp_spark.events import ComposedEvent, NoiseEvent
-from dp_spark.units import Aggregate, ContributionBounds, Neighbouring, sensitivity
+from dp_spark.core.events import ComposedEvent, NoiseEvent
+from dp_spark.core.units import Aggregate, ContributionBounds, Neighbouring, sensitivity
 
 
 def lap_eps(eps, stat="c") -> NoiseEvent:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from dp_spark import cli
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.ledger import open_ledger
 from dp_spark.cli.budget import BUDGET_SUBCOMMANDS
 from dp_spark.ledger.policy import load_policies

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.config import (
     load_env,
     load_release_spec,
     release_spec_from_dict,
 )
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
-from dp_spark.units import Neighbouring, UnitKind
+from dp_spark.core.units import Neighbouring, UnitKind
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,10 +10,10 @@ from fractions import Fraction
 import pytest
 
 from dp_spark.accountant import Accountant, DeltaCapExceededError, PrivacyFilter
-from dp_spark.budget import ApproxDP, PureDP, ZCDP, budget_from_json, parse_budget
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP, budget_from_json, parse_budget
 from dp_spark.config import release_spec_from_dict
 from dp_spark.errors import BudgetExceededError, ConfigError, InvalidBudgetError
-from dp_spark.events import (ComposedEvent, InvalidEventError, NoiseEvent, canonical_json, event_from_json,
+from dp_spark.core.events import (ComposedEvent, InvalidEventError, NoiseEvent, canonical_json, event_from_json,
                              event_to_json)
 from dp_spark.ledger.policy import policies_from_dict
 from dp_spark.mechanisms.calibration import zcdp_to_approx_epsilon

@@ -7,8 +7,8 @@ from fractions import Fraction as F
 
 import pytest
 
-from dp_spark.budget import PureDP, ZCDP
-from dp_spark.events import (
+from dp_spark.core.budget import PureDP, ZCDP
+from dp_spark.core.events import (
     ComposedEvent,
     InvalidEventError,
     NoiseEvent,

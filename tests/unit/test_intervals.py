@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dp_spark.mechanisms import accuracy
-from dp_spark.statistics import coverage
+from dp_spark.evaluation import coverage
 from dp_spark.statistics.moments import shared_sum_accuracy, variance_box
 from dp_spark.statistics.noise import law_nodes, plugin_error
 

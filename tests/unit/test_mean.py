@@ -6,7 +6,7 @@ from fractions import Fraction as F
 
 import pytest
 
-from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.errors import ConfigError, InvalidBoundsError, MeasureMismatchError
 from dp_spark.mechanisms.mean import (
     SPLIT_MAX,
@@ -17,7 +17,7 @@ from dp_spark.mechanisms.mean import (
     noise_tail_halfwidth,
     optimal_mean_split,
 )
-from dp_spark.units import ContributionBounds, Neighbouring
+from dp_spark.core.units import ContributionBounds, Neighbouring
 
 B = ContributionBounds(max_rows_per_unit=3, lower=0, upper=100)
 AR = Neighbouring.ADD_REMOVE_UNIT

@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[2] / "dp_spark"
 
 # The core modules (DESIGN: "nothing above imports pyspark"). Each is imported if its file
 # exists, so the test follows the tree as it grows; the first five must exist.
-REQUIRED = ["dp_spark", "dp_spark.budget", "dp_spark.units", "dp_spark.events", "dp_spark.accountant"]
+REQUIRED = ["dp_spark", "dp_spark.core.budget", "dp_spark.core.units", "dp_spark.core.events", "dp_spark.accountant"]
 OPTIONAL = ["dp_spark.config", "dp_spark.errors"]
 
 

@@ -7,9 +7,9 @@ from fractions import Fraction as F
 import pytest
 
 from dp_spark.accountant import Accountant
-from dp_spark.budget import ApproxDP, PureDP, ZCDP
+from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.errors import ConfigError, InvalidBoundsError, MeasureMismatchError
-from dp_spark.events import ComposedEvent, event_from_json, event_to_json
+from dp_spark.core.events import ComposedEvent, event_from_json, event_to_json
 from dp_spark.mechanisms import accuracy, calibration
 from dp_spark.mechanisms.release import (
     PlanMismatchError,
@@ -27,7 +27,7 @@ from dp_spark.mechanisms.release import (
 )
 from dp_spark.mechanisms.mean import optimal_mean_split
 from dp_spark.mechanisms.samplers import NoiseSource, RecordingNoiseSource, SeededNoiseSource
-from dp_spark.units import Aggregate, ContributionBounds, Neighbouring, sensitivity
+from dp_spark.core.units import Aggregate, ContributionBounds, Neighbouring, sensitivity
 
 AR = Neighbouring.ADD_REMOVE_UNIT
 B = ContributionBounds(max_rows_per_unit=4, max_partitions_per_unit=2, max_rows_per_partition=3,

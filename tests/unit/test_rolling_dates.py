@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dp_spark.budget import ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.config import load_release_spec, release_spec_from_dict
 from dp_spark.errors import BudgetExceededError, ConfigError
 from dp_spark.ledger import open_ledger

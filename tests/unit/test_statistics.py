@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dp_spark.accountant import Accountant
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.config import load_release_spec, release_spec_from_dict
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.statistics.components import Component
@@ -176,7 +176,7 @@ def test_component_sensitivities_follow_the_enforced_bounds():
 def _truth_partials(plan, values_by_cell):
     """Exact partials of each component from python values (one row per value, one unit each)."""
     from dp_spark.mechanisms.release import value_to_grid
-    from dp_spark.units import ContributionBounds
+    from dp_spark.core.units import ContributionBounds
 
     out = {}
     for i, vals in values_by_cell.items():

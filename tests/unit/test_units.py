@@ -8,7 +8,7 @@ from fractions import Fraction as F
 import pytest
 
 from dp_spark.errors import ConfigError, InvalidBoundsError, UnknownRelationError
-from dp_spark.units import (
+from dp_spark.core.units import (
     Aggregate,
     ContributionBounds,
     Neighbouring,

@@ -3,7 +3,7 @@
 Every type checks its input itself (a :class:`~pydantic.PlainValidator`) so that its error
 is ours: a field path and a problem, never the value (pydantic's ``input_value=`` is never
 rendered), and declares its JSON Schema. Numbers come out as exact :class:`~fractions.Fraction`
-values read by :func:`dp_spark.budget.to_fraction`: an integer, a float (by its shortest repr)
+values read by :func:`dp_spark.core.budget.to_fraction`: an integer, a float (by its shortest repr)
 or a string such as ``"1e-8"`` or ``"1/3"``.
 """
 
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, Wit
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Annotated
 
-from dp_spark.budget import to_fraction
+from dp_spark.core.budget import to_fraction
 from dp_spark.errors import DpSparkError
 
 __all__ = ["SpecModel", "fail", "fail_at", "Identifier", "Column", "PositiveInt", "int_type", "number_type",
@@ -87,7 +87,7 @@ PositiveInt = int_type(1)
 
 def number_type(*, gt: Any = None, ge: Any = None, lt: Any = None, le: Any = None,
                 what: str = "", strings: bool = True):
-    """An exact number (:func:`dp_spark.budget.to_fraction`; ``strings=False``: an int or a
+    """An exact number (:func:`dp_spark.core.budget.to_fraction`; ``strings=False``: an int or a
     float only) within the given bounds, as a Fraction."""
 
     def check(v: Any) -> Fraction:

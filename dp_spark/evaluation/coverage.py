@@ -83,7 +83,7 @@ DEFAULT_SEED = 1
 
 def suite_spec(measure: str, reps: int, statistics=STATISTICS, confidence: str = "0.95"):
     """One release of ``statistics`` over ``reps`` public cells, one row per unit (K = L0 = 1)."""
-    from dp_spark.config import release_spec_from_dict
+    from dp_spark.spec.release import release_spec_from_dict
 
     return release_spec_from_dict({
         "name": "coverage", "dataset": "synthetic", "privacy_unit": {"kind": "user", "column": "u"},
@@ -106,7 +106,7 @@ def exact_partials(plan, values: list[float]) -> dict[str, int]:
     sums, the centred squares on their grid (rounded half up, as Spark's ``round``), the
     histogram's bins."""
     from dp_spark.mechanisms.release import value_to_grid
-    from dp_spark.units import ContributionBounds
+    from dp_spark.core.units import ContributionBounds
 
     out = {"dp_rows": len(values), "dp_units": len(values)}
     for c in plan.components:
@@ -138,7 +138,7 @@ def bounded_truth(plan, values: list[float], partials: dict[str, int]) -> dict[s
     min{v: F(v) >= q} of the clamped values on the grid."""
     from dp_spark.mechanisms.release import value_to_grid
     from dp_spark.statistics.base import kind_of
-    from dp_spark.units import ContributionBounds
+    from dp_spark.core.units import ContributionBounds
 
     spec = plan.spec
     truth = {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Any, Iterator
 
 from pyspark.sql import DataFrame
@@ -37,9 +38,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import ConfigError, SchemaError
-from dp_spark.transforms.bounding import (
-    _col,
-    _field,
+from dp_spark.backends.bounding import (
+    column_ref,
+    schema_field,
     apply_value_policy,
     bound_contributions,
     clamp_to_fixed_point,
@@ -47,7 +48,8 @@ from dp_spark.transforms.bounding import (
     keep_unique_events,
     select_columns,
 )
-from dp_spark.units import Neighbouring
+from dp_spark.core.units import Neighbouring
+from dp_spark.statistics.components import SUM_PART_BITS, Component
 
 CELL = "dp_cell"
 PUB, PRIV, SEL = "p", "k", "dp_sel"  # the cell struct's fields with private keys; the noisy count
@@ -107,6 +109,60 @@ def _free_name(name: str, taken) -> str:
     return name
 
 
+def component_row_columns(comp: Component) -> dict[str, Any]:
+    """Per-row Spark columns a component aggregates: {name: Column}, over the bounded rows
+    (which hold ``dp_cell``, the unit and the clamped fixed-point value ``fixed_column``
+    of each clamp, and the raw value column). Names are shared by equal components."""
+    if comp.kind == "nsumsq":
+        k2, s = comp.square_grid
+        c = comp.clamp
+        unit = float(Fraction(2) ** c.grid_exponent)
+        x = F.col(comp.fixed_column).cast(T.DoubleType()) * F.lit(unit) - F.lit(float(c.midpoint))
+        half = float(c.half_width * c.half_width / 2)
+        y = F.round((x * x - F.lit(half)) * F.lit(float(Fraction(2) ** -k2)), 0).cast(T.LongType())
+        y = F.least(F.greatest(y, F.lit(-s).cast(T.LongType())), F.lit(s).cast(T.LongType()))
+        return {f"dp_sq_{comp.tag}": y}
+    if comp.kind == "hist":
+        c = comp.clamp
+        lo = float(c.lower * Fraction(2) ** -c.grid_exponent)
+        span = float((c.upper - c.lower) * Fraction(2) ** -c.grid_exponent)
+        pos = (F.col(comp.fixed_column).cast(T.DoubleType()) - F.lit(lo)) / F.lit(span) * F.lit(float(comp.bins))
+        b = F.least(F.greatest(F.floor(pos), F.lit(0)), F.lit(comp.bins - 1)).cast(T.IntegerType())
+        return {f"dp_bin_{comp.bin_tag}": b}
+    return {}
+
+def component_aggregates(comp: Component, unit_col: str) -> dict[str, Any]:
+    """{alias: aggregate Column} of a component's partials per cell (longs)."""
+    def exact_sum(col: str, alias: str) -> dict[str, Any]:
+        # v = hi 2^42 + mid 2^21 + lo: three long sums, exact for up to 2^42 rows per cell
+        v = F.col(col).cast(T.LongType())
+        mask = F.lit((2**SUM_PART_BITS - 1)).cast(T.LongType())
+        parts = {f"{alias}_lo": v.bitwiseAND(mask),
+                 f"{alias}_mid": F.shiftright(v, SUM_PART_BITS).bitwiseAND(mask),
+                 f"{alias}_hi": F.shiftright(v, 2 * SUM_PART_BITS)}
+        return {a: F.coalesce(F.sum(e), F.lit(0).cast(T.LongType())) for a, e in parts.items()}
+
+    rows = {"dp_rows": F.count(F.lit(1)).cast(T.LongType())}
+    if comp.kind == "rows":
+        return rows
+    if comp.kind == "units":
+        # the number of (cell, unit) groups: computed by the two-level aggregation
+        # (dp_spark.backends.spark), not a count(distinct) per row
+        return {"dp_units": None}
+    if comp.kind in ("sum", "nsum"):
+        out = exact_sum(comp.fixed_column, f"dp_s_{comp.tag}")
+        return {**out, **rows} if comp.kind == "nsum" else out
+    if comp.kind == "nsumsq":
+        name = comp.square_alias
+        return exact_sum(name, name)
+    if comp.kind == "hist":
+        b = F.col(f"dp_bin_{comp.bin_tag}")
+        return {comp.bin_column(j): F.coalesce(F.sum(F.when(b == j, F.lit(1)).otherwise(F.lit(0))),
+                                              F.lit(0)).cast(T.LongType())
+                for j in range(comp.bins)}
+    raise ValueError(f"unknown component kind {comp.kind!r}")
+
+
 def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     """Lazy DataFrame of the partials per key-tuple index (``dp_cell``) for every component of
     ``plan`` (a :class:`~dp_spark.statistics.plan.QueryPlan`). Schema and ``where`` errors are
@@ -118,7 +174,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     value_cols = list(dict.fromkeys(c.clamp.column for c in plan.components if c.clamp is not None))
     df = select_columns(df, list(spec.columns), unit_col=unit, key_cols=key_cols)
     for v in value_cols:
-        if not isinstance(_field(df, v, role="value").dataType, T.NumericType):
+        if not isinstance(schema_field(df, v, role="value").dataType, T.NumericType):
             raise SchemaError(f"value column {v!r} must be numeric")
     df = drop_null_units(df, unit_col=unit)
     if spec.where is not None:
@@ -135,7 +191,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         df = apply_value_policy(df, value_col=v)
     cell = F.lit(0).cast(T.LongType())
     for ks in spec.public_key_sets:
-        k = _col(ks.column).cast(T.StringType())
+        k = column_ref(ks.column).cast(T.StringType())
         idx = F.array_position(F.array(*[F.lit(x) for x in ks.values]), k)  # 1-based, 0 when absent
         df = df.where(k.isNotNull() & (idx > 0))
         cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + (idx - 1).cast(T.LongType())
@@ -144,12 +200,12 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         # keys found privately: the cell is (public tuple index, private key values); rows
         # with a null private key are dropped (a null is not a key that can be published)
         for ks in private:
-            df = df.where(_col(ks.column).isNotNull())
-        cell = F.struct(cell.alias(PUB), *[_col(ks.column).cast(T.StringType()).alias(f"{PRIV}{j}")
+            df = df.where(column_ref(ks.column).isNotNull())
+        cell = F.struct(cell.alias(PUB), *[column_ref(ks.column).cast(T.StringType()).alias(f"{PRIV}{j}")
                                            for j, ks in enumerate(private)])
     cell_name = _free_name(CELL, spec.columns)
     # only what the statistics read: the unit, the key tuple's index and the value columns
-    df = df.select(_col(unit), cell.alias(cell_name), *[_col(v) for v in value_cols])
+    df = df.select(column_ref(unit), cell.alias(cell_name), *[column_ref(v) for v in value_cols])
     if spec.neighbouring is Neighbouring.EVENT:
         # one row in or out must move one row of one cell: the bounding below keeps one row
         # per id, but an added row with an existing id could replace it (L1 = 2)
@@ -173,13 +229,13 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             df = clamp_to_fixed_point(df, value_col=c.column, lower=float(c.lower), upper=float(c.upper),
                                       frac_bits=-c.grid_exponent, out_col=comp.fixed_column)
     for comp in plan.components:
-        for name, col in comp.row_columns().items():
+        for name, col in component_row_columns(comp).items():
             if name not in df.columns:
                 df = df.withColumn(name, col)
     aggs: dict[str, Any] = {}
     units = False
     for comp in plan.components:
-        for alias, agg in comp.aggregates(unit).items():
+        for alias, agg in component_aggregates(comp, unit).items():
             if alias == "dp_units":
                 units = True  # counted below as the number of (cell, unit) groups
             else:
@@ -191,7 +247,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     # distinct units only: the (cell, unit) groups need one aggregate (Spark refuses none);
     # it stays on the first level
     first = aggs or {"dp_rows_": F.count(F.lit(1))}
-    per_unit = df.groupBy(_col(cell_name).alias(CELL), _col(unit)).agg(*[a.alias(n) for n, a in first.items()])
+    per_unit = df.groupBy(column_ref(cell_name).alias(CELL), column_ref(unit)).agg(*[a.alias(n) for n, a in first.items()])
     final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
     # the K cut can drop a whole (unit, cell) pair only when it binds below L0 x Linf'
     l0_eff = min(b.max_partitions_per_unit, cells) if not private else b.max_partitions_per_unit
@@ -219,12 +275,12 @@ def _units_per_cell(df: DataFrame, unit: str, cell_name: str, l0, salt: str) -> 
     ``Component('units')``, unchanged. Schema: dp_cell, dp_units: long."""
     # partitioned by the unit first: the distinct pairs and the L0 window then share ONE
     # shuffle (two in all with the count per cell)
-    pairs = df.select(_col(unit), _col(cell_name)).repartition(_col(unit)).distinct()
+    pairs = df.select(column_ref(unit), column_ref(cell_name)).repartition(column_ref(unit)).distinct()
     if l0 is not None:
         # one row per pair: Linf = 1 and K = L0 cannot bind below the L0 cut
         pairs = bound_contributions(pairs, unit_col=unit, partition_col=cell_name, max_partitions_per_unit=l0,
                                     max_rows_per_partition=1, max_rows_per_unit=l0, salt=salt)
-    return pairs.groupBy(_col(cell_name).alias(CELL)).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
+    return pairs.groupBy(column_ref(cell_name).alias(CELL)).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
 
 
 def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: str) -> DataFrame:
@@ -239,7 +295,7 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
     scale, threshold = sel.scale, sel.threshold
     # schema: k0.. string, unit -- one row per (private tuple, unit): each unit adds 1 to at
     # most m tuples. Then per tuple: dp_n long, the number of distinct units.
-    pairs = per_unit.select(*[F.col(f"{CELL}.{n}").alias(n) for n in names], _col(unit)).distinct()
+    pairs = per_unit.select(*[F.col(f"{CELL}.{n}").alias(n) for n in names], column_ref(unit)).distinct()
     counts = pairs.groupBy(*names).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_n"))
     out_schema = T.StructType([T.StructField(n, T.StringType(), False) for n in names]
                               + [T.StructField(SEL, T.LongType(), False)])

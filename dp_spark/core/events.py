@@ -19,7 +19,7 @@ from fractions import Fraction
 from numbers import Integral
 from typing import Any, Optional, Union
 
-from dp_spark.budget import PureDP, ZCDP
+from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError
 
 __all__ = [

@@ -27,7 +27,7 @@ from fractions import Fraction
 from numbers import Integral
 from typing import Any, Optional, TypeVar, Union
 
-from dp_spark.budget import to_fraction
+from dp_spark.core.budget import to_fraction
 from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError, UnknownRelationError
 
 __all__ = [
@@ -334,7 +334,7 @@ def sensitivity(aggregate: Union[Aggregate, str], bounds: ContributionBounds,
     if rel is Neighbouring.EVENT:
         # One event (one row, one event id) in or out. The engine enforces it by keeping
         # exactly one row per event id (K = L0 = Linf = 1) after dropping the ids that carry
-        # two different rows (:func:`dp_spark.transforms.bounding.keep_unique_events`);
+        # two different rows (:func:`dp_spark.backends.bounding.keep_unique_events`);
         # with larger bounds the rows kept per id could exceed one event: refuse.
         linf = bounds.max_rows_per_partition
         if bounds.max_rows_per_unit != 1 or bounds.max_partitions_per_unit != 1 or linf not in (None, 1):

@@ -106,12 +106,12 @@ _INTEGRAL_RANGES: dict[type, tuple[int, int]] = {
 # --------------------------------------------------------------------------- helpers
 
 
-def _col(name: str) -> Column:
+def column_ref(name: str) -> Column:
     """A top-level column by exact name (dots and backticks in names are quoted)."""
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def _field(df: DataFrame, name: str, *, role: str) -> T.StructField:
+def schema_field(df: DataFrame, name: str, *, role: str) -> T.StructField:
     """The schema field called exactly ``name``; SchemaError naming the column otherwise."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{role} column name must be a non-empty string")
@@ -246,7 +246,7 @@ def select_columns(
     if len(set(role_names)) != len(role_names):
         raise ConfigError("one column cannot play two roles (unit, key, value)")
 
-    fields = {name: _field(df, name, role="selected") for name in columns}
+    fields = {name: schema_field(df, name, role="selected") for name in columns}
     for name in columns:
         if name.startswith(TEMP_PREFIX):
             raise SchemaError(f"column {name!r} uses the reserved prefix {TEMP_PREFIX!r}")
@@ -266,7 +266,7 @@ def select_columns(
             raise SchemaError(
                 f"value column {name!r} has type {_type_name(dt)}; a value column must be numeric"
             )
-    return df.select(*[_col(name) for name in columns])
+    return df.select(*[column_ref(name) for name in columns])
 
 
 # --------------------------------------------------------------------------- null / special values
@@ -286,9 +286,9 @@ def drop_null_units(df: DataFrame, *, unit_col: str) -> DataFrame:
     like any other. Adding or removing one unit changes this step's output by exactly that
     unit's rows, so it adds no sensitivity.
     """
-    _field(df, unit_col, role="unit")
+    schema_field(df, unit_col, role="unit")
     # schema: unchanged; unit_col IS NOT NULL
-    return df.where(_col(unit_col).isNotNull())
+    return df.where(column_ref(unit_col).isNotNull())
 
 
 def apply_value_policy(df: DataFrame, *, value_col: str) -> DataFrame:
@@ -310,11 +310,11 @@ def apply_value_policy(df: DataFrame, *, value_col: str) -> DataFrame:
     used on every code path so that a neighbour made only of NaN/inf rows is treated exactly
     like on the main path.
     """
-    field = _field(df, value_col, role="value")
+    field = schema_field(df, value_col, role="value")
     dt = field.dataType
     if not isinstance(dt, T.NumericType):
         raise SchemaError(f"value column {value_col!r} has type {_type_name(dt)}; it must be numeric")
-    v = _col(value_col)
+    v = column_ref(value_col)
     if isinstance(dt, (T.FloatType, T.DoubleType)):
         zero = F.lit(0.0).cast(dt)
         # schema: unchanged; value_col not null, not NaN, never -0.0
@@ -380,10 +380,10 @@ def restrict_to_public_keys(df: DataFrame, *, key_col: str, public_keys: Iterabl
     keys only (a unit with rows in non-public keys would otherwise waste its L0 slots and be
     under-counted, a bias, not a privacy leak). A row-wise filter: no added sensitivity.
     """
-    field = _field(df, key_col, role="key")
+    field = schema_field(df, key_col, role="key")
     keys = validate_public_keys(public_keys, field.dataType, key_col=key_col)
     # schema: unchanged; key_col IN public_keys (never null)
-    return df.where(_col(key_col).isin(keys))
+    return df.where(column_ref(key_col).isin(keys))
 
 
 # --------------------------------------------------------------------------- bounding
@@ -455,7 +455,7 @@ def bound_contributions(
     on that unit's rows and the salt, so adding/removing one unit leaves every other unit's
     rows unchanged and changes the output by at most min(K, L0 * Linf) rows, in at most L0
     partitions, at most Linf of them in any one partition. These are the bounds from which
-    :mod:`dp_spark.units` derives sensitivities (count: L1 = min(K, L0*Linf), per-partition
+    :mod:`dp_spark.core.units` derives sensitivities (count: L1 = min(K, L0*Linf), per-partition
     Linf; sums: times max(|L|, |U|) after clamping).
 
     The DP guarantee does not depend on the salt: for *any* fixed salt, bounding is a per-unit
@@ -486,23 +486,23 @@ def bound_contributions(
         )
 
     _check_no_temp_columns(df)
-    _field(df, unit_col, role="unit")
+    schema_field(df, unit_col, role="unit")
     if partition_col is not None:
-        _field(df, partition_col, role="partition")
+        schema_field(df, partition_col, role="partition")
         if partition_col == unit_col:
             raise ConfigError("partition_col must differ from unit_col")
     _check_identity_types(df, "hashed or sorted for row priority")
 
     original = [f.name for f in df.schema.fields]
-    unit = _col(unit_col)
+    unit = column_ref(unit_col)
     row_prio = "__dp_row_prio"
-    tie_break = [_col(c).asc_nulls_first() for c in original]
+    tie_break = [column_ref(c).asc_nulls_first() for c in original]
     # schema: input + __dp_salt: string (one broadcast row: the salt is data, never a literal
     # of the plan) + __dp_row_prio: long
     out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
     salt_col = F.col(_SALT_COL)
     out = out.withColumn(
-        row_prio, F.xxhash64(salt_col, F.lit("row"), *[_col(c) for c in original])
+        row_prio, F.xxhash64(salt_col, F.lit("row"), *[column_ref(c) for c in original])
     )
     row_order = [F.col(row_prio).asc(), *tie_break]
 
@@ -513,9 +513,9 @@ def bound_contributions(
         out = out.withColumn("__dp_rank_unit", F.row_number().over(w)).where(
             F.col("__dp_rank_unit") <= limit
         )
-        return out.select(*[_col(c) for c in original])
+        return out.select(*[column_ref(c) for c in original])
 
-    part = _col(partition_col)
+    part = column_ref(partition_col)
     if l0 == 1:
         # One partition per unit: L0, Linf and K are one window. Rows ordered by the
         # partition's priority, then the row's: the unit's first row lies in its kept
@@ -533,7 +533,7 @@ def bound_contributions(
         out = out.withColumn("__dp_first_part", F.first(part).over(w)).where(
             part.eqNullSafe(F.col("__dp_first_part"))
         )
-        return out.select(*[_col(c) for c in original])
+        return out.select(*[column_ref(c) for c in original])
     # Linf >= K: the K limit alone keeps the same rows (a unit's K first rows include at most
     # K of any cell), so the cell window is skipped (one sort less)
     cell_linf = linf if linf is not None and (k is None or linf < k) else None  # None: no cell window
@@ -577,7 +577,7 @@ def bound_contributions(
             F.col("__dp_rank_unit") <= k
         )
     # schema: input schema (temporary columns dropped)
-    return out.select(*[_col(c) for c in original])
+    return out.select(*[column_ref(c) for c in original])
 
 
 def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:
@@ -602,7 +602,7 @@ def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:
     the row was a copy; 2 or more: 0). The same holds when D and D' differ in all the rows of
     one id. So, with :func:`bound_contributions` at K = L0 = Linf = 1 after it (a no-op on its
     output, kept for uniformity), one event moves one row of one cell: the ``event`` entries of
-    :func:`dp_spark.units.sensitivity`. Bounding alone does NOT give this: keeping one row per
+    :func:`dp_spark.core.units.sensitivity`. Bounding alone does NOT give this: keeping one row per
     id by priority lets an added row with an existing id *replace* the kept row, moving one
     row from one cell to another (L1 = 2).
 
@@ -610,20 +610,20 @@ def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:
     whose output then decides which rows an id carries.
     """
     _check_no_temp_columns(df)
-    _field(df, unit_col, role="unit")
+    schema_field(df, unit_col, role="unit")
     _check_identity_types(df, "compared")
     original = [f.name for f in df.schema.fields]
     others = [c for c in original if c != unit_col]
     if not others:
         # schema: (unit_col,); distinct
-        return df.select(_col(unit_col)).distinct()
-    row = F.struct(*[_col(c).alias(c) for c in others])
+        return df.select(column_ref(unit_col)).distinct()
+    row = F.struct(*[column_ref(c).alias(c) for c in others])
     # schema: unit_col, __dp_lo: struct<others>, __dp_hi: struct<others>; one row per id
-    agg = df.groupBy(_col(unit_col).alias(unit_col)).agg(
+    agg = df.groupBy(column_ref(unit_col).alias(unit_col)).agg(
         F.min(row).alias("__dp_lo"), F.max(row).alias("__dp_hi"))
     # schema: input schema; ids whose rows are all identical, one row each
     kept = agg.where(F.col("__dp_lo").eqNullSafe(F.col("__dp_hi")))
-    return kept.select(*[_col(unit_col) if c == unit_col else F.col("__dp_lo")[c].alias(c) for c in original])
+    return kept.select(*[column_ref(unit_col) if c == unit_col else F.col("__dp_lo")[c].alias(c) for c in original])
 
 
 def dedupe_unit_partition(df: DataFrame, *, unit_col: str, partition_col: str | None) -> DataFrame:
@@ -639,15 +639,15 @@ def dedupe_unit_partition(df: DataFrame, *, unit_col: str, partition_col: str | 
     with per-partition sensitivity 1 and L1 sensitivity L0 (L2 sqrt(L0)). Deduplication alone
     does not bound L0: bound first.
     """
-    _field(df, unit_col, role="unit")
+    schema_field(df, unit_col, role="unit")
     cols = [unit_col]
     if partition_col is not None:
-        _field(df, partition_col, role="partition")
+        schema_field(df, partition_col, role="partition")
         if partition_col == unit_col:
             raise ConfigError("partition_col must differ from unit_col")
         cols.append(partition_col)
     # schema: (unit_col[, partition_col]); distinct
-    return df.select(*[_col(c) for c in cols]).distinct()
+    return df.select(*[column_ref(c) for c in cols]).distinct()
 
 
 # --------------------------------------------------------------------------- clamping
@@ -707,7 +707,7 @@ def clamp_to_fixed_point(
     (add/remove); (U - L) applies only to replace-one with a public size.
     """
     lo, hi, f = _check_fixed_point_params(lower, upper, frac_bits)
-    field = _field(df, value_col, role="value")
+    field = schema_field(df, value_col, role="value")
     if not isinstance(field.dataType, T.NumericType):
         raise SchemaError(
             f"value column {value_col!r} has type {_type_name(field.dataType)}; it must be numeric"
@@ -720,7 +720,7 @@ def clamp_to_fixed_point(
 
     # Cast to double never fails (ANSI or not) for numeric types; decimals beyond 2^53 round,
     # then clamp. Comparisons, not arithmetic, on the raw value: nothing can overflow.
-    v = _col(value_col).cast(T.DoubleType())
+    v = column_ref(value_col).cast(T.DoubleType())
     lo_lit, hi_lit = F.lit(lo).cast(T.DoubleType()), F.lit(hi).cast(T.DoubleType())
     clamped = F.when(v < lo_lit, lo_lit).when(v > hi_lit, hi_lit).otherwise(v)
     # |clamped * 2^f| <= 2^52: exact in double, round() is exact, the long cast cannot overflow.

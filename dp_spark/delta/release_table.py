@@ -182,7 +182,7 @@ def _unreadable(location: str, exc: BaseException) -> UnreadableTableError:
     )
 
 
-def _delta_schema(spark: SparkSession, location: str) -> Optional[T.StructType]:
+def delta_schema(spark: SparkSession, location: str) -> Optional[T.StructType]:
     """The schema of the Delta table at ``location``; None when there is **no table** there
     (the path does not exist, holds no Delta log with a commit, or the catalog has no such
     table; a catalog table in another format also counts as none).
@@ -208,7 +208,7 @@ def _delta_schema(spark: SparkSession, location: str) -> Optional[T.StructType]:
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:
-    return _delta_schema(spark, path) is not None
+    return delta_schema(spark, path) is not None
 
 
 def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
@@ -217,7 +217,7 @@ def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
     (a table written before the ``keys`` column existed), ``"needs_columns"`` (a table
     written before some of the nullable columns added since existed: ``keys``,
     ``charge_delta``) or ``"ok"``."""
-    existing = _delta_schema(spark, path)
+    existing = delta_schema(spark, path)
     if existing is None:
         return "absent"
     want = {(f.name, f.dataType.simpleString()) for f in RELEASE_SCHEMA.fields}
@@ -246,7 +246,7 @@ def ensure_release_table(spark: SparkSession, path: str) -> None:
     if state in ("needs_keys", "needs_columns"):
         # a table written before the ``keys`` / ``charge_delta`` columns existed: add the
         # missing ones (metadata only; its old rows read them as null)
-        have = {f.name for f in _delta_schema(spark, path).fields}
+        have = {f.name for f in delta_schema(spark, path).fields}
         missing = [f"{name} {_ADDED_SQL[name]}" for name in _ADDED_COLUMNS if name not in have]
         spark.sql(f"ALTER TABLE {_sql_ref(path)} ADD COLUMNS ({', '.join(missing)})")
         return
@@ -356,21 +356,21 @@ def _read(path: str, action):
 def read_release(spark: SparkSession, path: str, release_id: str) -> list[dict[str, Any]]:
     """The cells of one release id, ordered by (statistic, key); [] when there are none (or no
     table). UnreadableTableError when the table exists but cannot be read."""
-    if _delta_schema(spark, path) is None:
+    if delta_schema(spark, path) is None:
         return []
     return _read(path, lambda: [r.asDict() for r in spark.read.format("delta").load(path)
                                 .where(F.col("release_id") == release_id).orderBy("statistic", "key").collect()])
 
 
 def release_present(spark: SparkSession, path: str, release_id: str) -> bool:
-    if _delta_schema(spark, path) is None:
+    if delta_schema(spark, path) is None:
         return False
     return _read(path, lambda: len(spark.read.format("delta").load(path).where(F.col("release_id") == release_id)
                                    .select("release_id").limit(1).collect()) > 0)
 
 
 def latest_release_id(spark: SparkSession, path: str, family: str, exclude: Optional[str] = None) -> Optional[str]:
-    if _delta_schema(spark, path) is None:
+    if delta_schema(spark, path) is None:
         return None
 
     def latest():

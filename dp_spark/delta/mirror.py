@@ -120,7 +120,7 @@ _ATTEMPTS = 4
 def _head(spark, path: str) -> Optional[dict[str, Any]]:
     """The mirror table's latest commit (``version``, ``userMetadata``, ...), or None when there
     is no readable table."""
-    from dp_spark.release.writer import latest_commit
+    from dp_spark.delta.release_table import latest_commit
 
     return latest_commit(spark, path)
 
@@ -171,7 +171,7 @@ def _write(spark, rows, schema, path: str, *, append: bool, read_version: Option
         else:
             w.mode("overwrite").option("overwriteSchema", "true").save(path)
     except Exception as exc:
-        from dp_spark.release.writer import is_concurrent_change
+        from dp_spark.delta.release_table import is_concurrent_change
 
         if is_concurrent_change(exc):  # another refresh committed (or created the table) meanwhile: re-plan
             return False
@@ -366,10 +366,10 @@ def _replace_damaged(spark, path: str) -> bool:
     from the SQL ledger, so nothing is lost) and return True; False when it is readable or
     absent. Only local paths are deleted here; elsewhere the error says to remove it."""
     from dp_spark.errors import OutputSchemaError
-    from dp_spark.release.writer import _delta_schema
+    from dp_spark.delta.release_table import delta_schema
 
     try:
-        _delta_schema(spark, path)
+        delta_schema(spark, path)
         return False
     except OutputSchemaError:
         local = path[len("file:"):] if path.startswith("file:") else path

@@ -1,0 +1,1 @@
+"""delta: see docs/architecture.md."""
