@@ -131,8 +131,10 @@ def component_row_columns(comp: Component) -> dict[str, Any]:
         return {f"dp_bin_{comp.bin_tag}": b}
     return {}
 
+
 def component_aggregates(comp: Component, unit_col: str) -> dict[str, Any]:
     """{alias: aggregate Column} of a component's partials per cell (longs)."""
+
     def exact_sum(col: str, alias: str) -> dict[str, Any]:
         # v = hi 2^42 + mid 2^21 + lo: three long sums, exact for up to 2^42 rows per cell
         v = F.col(col).cast(T.LongType())
