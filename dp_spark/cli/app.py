@@ -535,7 +535,7 @@ def generate_demo(env: Optional[str], force: bool) -> int:
     return 0
 
 
-# -- schema: the JSON Schema of release specs (dp_spark.spec_model) ----------------------------
+# -- schema: the JSON Schema of release specs (dp_spark.spec.schema) ----------------------------
 @_command("schema", "print the JSON Schema of release specs (editors complete and check them)",
           "Print the JSON Schema of release specs, both forms (metric and statistics); shipped as "
           "conf/release-spec.schema.json, which conf/releases/*.yaml reference with a yaml-language-server "
