@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from datetime import date
 from pathlib import Path
 
@@ -84,3 +86,15 @@ def warehouse(tmp_path, demo_input):
     target.parent.mkdir(parents=True)
     shutil.copytree(demo_input, target)
     return env_file
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a driver run in its own process (its own JVM, a local session, never
+    this process's gateway or a Connect server), as publisher_bob, importing this checkout."""
+    env = dict(os.environ)
+    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                "SPARK_LOCAL_IP": "127.0.0.1", "DP_SPARK_TEST_MODE": "1", "DP_SPARK_PRINCIPAL": "publisher_bob",
+                "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])})
+    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(k, None)
+    return env

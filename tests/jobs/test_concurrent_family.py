@@ -32,7 +32,7 @@ from tests.governance.test_statement import (  # noqa: F401  (the ledger fixture
     rows_for,
     version,
 )
-from tests.jobs.conftest import write_env
+from tests.jobs.conftest import child_env, write_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("concurrent_family_driver.py")
@@ -109,16 +109,6 @@ def small_input(spark, tmp_path_factory) -> Path:
     return path
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-                "SPARK_LOCAL_IP": "127.0.0.1", "DP_SPARK_TEST_MODE": "1", "DP_SPARK_PRINCIPAL": "publisher_bob",
-                "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])})
-    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
-        env.pop(k, None)
-    return env
-
-
 def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input):
     import shutil
 
@@ -131,7 +121,7 @@ def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input):
     sync = tmp_path / "sync"
     sync.mkdir()
     procs = [subprocess.Popen([sys.executable, str(DRIVER), str(env_file), day, str(sync), str(len(DAYS))],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                               cwd=str(ROOT), start_new_session=True, stdin=subprocess.DEVNULL)
              for day in DAYS]
     try:

@@ -26,7 +26,7 @@ import pytest
 
 from dp_spark.core.budget import ZCDP
 
-from .conftest import ROOT, register
+from .conftest import ROOT, child_env, register
 
 DRIVER = Path(__file__).with_name("kill_driver.py")
 # stage -> the rerun's status
@@ -38,16 +38,6 @@ EXPECTED = {
     "versions": "cache_hit",  # committed: served, and versioned by the rerun
     "refresh": "cache_hit",
 }
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-                "SPARK_LOCAL_IP": "127.0.0.1", "DP_SPARK_TEST_MODE": "1", "DP_SPARK_PRINCIPAL": "publisher_bob",
-                "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])})
-    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
-        env.pop(k, None)
-    return env
 
 
 def run_until(args: list[str], marker: Path, timeout: float = 400) -> subprocess.Popen:
