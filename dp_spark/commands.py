@@ -34,7 +34,7 @@ from dp_spark.governance.access import (
     resolve_principal_with_source,
 )
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.base import UnknownBudgetError
+from dp_spark.ledger.records import UnknownBudgetError
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.schedule import DayResult, backfill, day_spec, days_between, today_utc
 

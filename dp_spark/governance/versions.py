@@ -1,7 +1,7 @@
 """Versions of a release family, and rollback: rows of the SQL ledger, and their Delta copy.
 
 The version record is state that needs compare-and-set, so it lives in the SQL ledger
-(``dp_versions``, see :mod:`dp_spark.ledger.base`), written in the ledger's write
+(``dp_versions``, see :mod:`dp_spark.ledger.versions`), written in the ledger's write
 transactions under the budget lock of the releases' budgets:
 
     family       release family (the release table's ``release_family``)
@@ -232,7 +232,7 @@ def adopt_published(ledger: Any, spark: SparkSession, path: str) -> bool:
     kept the version record (its rows were the record then) into the ledger, once: only while
     the ledger holds no version, and only from a table that is not a refresh of the ledger's.
     Returns whether rows were imported. Call before the ledger's first version change."""
-    from dp_spark.ledger.base import VersionRecord
+    from dp_spark.ledger.records import VersionRecord
 
     if ledger.versions_snapshot()[0] != 0:  # (an import counts as a change)
         return False
