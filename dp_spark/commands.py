@@ -42,7 +42,7 @@ log = logging.getLogger("dp_spark.commands")
 
 __all__ = ["DEFAULT_ENV", "ENV_VAR", "BatchRefusedError", "BatchResult", "Checker", "DemoData", "Outcome",
            "SpecCheck", "accept_policy", "checker", "env_for", "generate_demo", "load_specs", "plan_rows",
-           "publish_batch", "refresh", "resolve_env", "rollback", "unexpected"]
+           "publish_batch", "refresh", "resolve_env", "rollback", "show_family", "unexpected"]
 
 def env_for(given: Optional[str], environ: Optional[Mapping[str, str]] = None) -> EnvConfig:
     """The loaded env (:func:`resolve_env`)."""
@@ -277,6 +277,26 @@ def accept_policy(env: EnvConfig, budget_id: str, reason: str, *, spark: Any = N
     with open_ledger(env.ledger_url) as ledger:
         authorize(access, principal, "admin", ledger=ledger, spec_name=f"accept-policy:{budget_id}")
         return principal, ledger.accept_policy(policies[budget_id], principal=principal, reason=reason.strip())
+
+
+def show_family(env: EnvConfig, family: str) -> list[dict[str, Any]]:
+    """The published rows of a release family's current version (official mode), sorted by key
+    and statistic: ``{key, statistic, value, ci_low, ci_high, suppressed}`` each. Reads the
+    family's release table (``<output_root>/<family>``) and the ledger's version record;
+    charges nothing, draws no noise."""
+    from dp_spark.delta.release_table import table_exists
+    from dp_spark.governance.versions import published_view
+    from dp_spark.spark import get_or_create_session
+
+    precheck.require_existing_ledger(env.ledger_url)
+    spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
+    path = f"{env.output_root}/{family}"
+    if not table_exists(spark, path):
+        raise ConfigError(f"family {family!r} has no release table under the env's output_root")
+    cols = ["key", "statistic", "value", "ci_low", "ci_high", "suppressed"]
+    with open_ledger(env.ledger_url) as ledger:
+        rows = published_view(spark, path, ledger, family).select(*cols).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: (r["key"], r["statistic"]))
 
 
 @dataclass(frozen=True)

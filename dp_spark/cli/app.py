@@ -1,7 +1,7 @@
 """The ``dp-spark`` command (click): one group, one function per command.
 
     dp-spark publish | plan | validate | explore | refresh | backfill | budget ... | rollback
-             | generate-demo | schema
+             | show | generate-demo | schema
 
 Thin: arguments -> one function of :mod:`dp_spark.commands` (or the engine's API) -> printed
 lines and an exit status. Every path, table name, the ledger and the budget policies come from
@@ -514,6 +514,31 @@ def rollback(env: Optional[str], family: str, reason: str) -> int:
         error(str(exc))
         return 2
     print(f"withdrew release {withdrawn} of {family}; current is now {restored or 'none'}")
+    return 0
+
+
+@_command("show", "print the published rows of a release family's current version",
+          "Print the current version's published cells of a release family: one line per key and statistic "
+          "(value and interval). Reads the release table and the ledger; charges nothing. Exit 0, or 2 "
+          "when the family has no release table or on an invalid env.")
+@env_option()
+@click.option("--family", required=True, help="the release family (the spec's 'family', default its name)")
+def show(env: Optional[str], family: str) -> int:
+    try:
+        rows = commands.show_family(commands.env_for(env), family)
+    except DpSparkError as exc:
+        error(str(exc))
+        return 2
+    if not rows:
+        print(f"{family}: no current version")
+        return 0
+    print(f"{'key':<24} {'statistic':<16} {'value':>12} {'ci_low':>12} {'ci_high':>12}")
+    for r in rows:
+        if r["suppressed"]:
+            print(f"{r['key']:<24} {r['statistic']:<16} {'suppressed':>12}")
+        else:
+            print(f"{r['key']:<24} {r['statistic']:<16} {r['value']:>12.6g} {r['ci_low']:>12.6g} "
+                  f"{r['ci_high']:>12.6g}")
     return 0
 
 
