@@ -311,7 +311,8 @@ class ReleaseSpec:
         out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
         if len(key_sets) == 1:
             out = replace(out, group_by=key_sets[0])
-        l0 = min(self.bounds.max_partitions_per_unit, out.cells)
+        # with rolling windows a unit has (day, window) cells: one per window length and day
+        l0 = min(self.bounds.max_partitions_per_unit, out.cells * len(out.windows))
         return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))
 
 

@@ -148,3 +148,17 @@ def test_a_sensitivity_typed_as_one_per_window_is_caught():
     plan = plan_query(_spec(bounds={"max_rows_per_unit": 30, "max_partitions_per_unit": 30}))
     wau = next(c for c in plan.components if c.name == "units@3d")
     assert _largest_shift(plan, seeds=[0], trials=20)[wau][0] > 1
+
+
+def test_a_day_of_a_windowed_release_keeps_its_windows():
+    """The daily refresh of a windowed release (one day): its L0 covers the day's cell of each
+    window length, and the windows still read the days before it."""
+    from dp_spark.schedule import day_spec
+
+    spec = _spec(bounds={"max_rows_per_unit": 30, "max_partitions_per_unit": 30})
+    day = day_spec(spec, dt.date(2026, 11, 5))
+    assert day.keys == ("2026-11-05",) and day.bounds.max_partitions_per_unit == 3
+    rows = [{"user_id": "a", "day": dt.date(2026, 11, 3), "v": 1.0},
+            {"user_id": "a", "day": dt.date(2026, 11, 5), "v": 1.0}]
+    (cell,) = query_partials(rows, plan_query(day), "s", schema=TYPES).cells.values()
+    assert cell["dp_units"] == cell["dp_units@3"] == 1 and cell["dp_rows@3"] == 2
