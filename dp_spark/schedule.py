@@ -125,7 +125,7 @@ def schedule_cost(jobs: list, policies: dict) -> list[ScheduleCost]:
     out = []
     for budget_id, mine in by_budget.items():
         policy = policies[budget_id]
-        items = []
+        items: list[tuple] = []
         total: Optional[Budget] = None
         unbounded = False
         for spec, schedule in mine:

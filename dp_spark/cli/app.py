@@ -567,9 +567,12 @@ def rollback(env: Optional[str], family: str, reason: str) -> int:
           "when the family has no release table or on an invalid env.")
 @env_option()
 @click.option("--family", required=True, help="the release family (the spec's 'family', default its name)")
-def show(env: Optional[str], family: str) -> int:
+@click.option("--series", is_flag=True,
+              help="the family as a series: each key's latest version that is not withdrawn (a day-keyed family "
+                   "refreshed a day at a time), as <output_root>/<family>_current holds it")
+def show(env: Optional[str], family: str, series: bool) -> int:
     try:
-        rows = commands.show_family(commands.env_for(env), family)
+        rows = commands.show_family(commands.env_for(env), family, series=series)
     except DpSparkError as exc:
         error(str(exc))
         return 2
