@@ -192,7 +192,10 @@ class ReleaseSpec:
             "metric": self.metric,
             "group_by": None
             if self.group_by is None
-            else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values)},
+            else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values),
+                  # only when set: specs without a bucket keep their release ids
+                  **({} if self.group_by.bucket is None
+                     else {"bucket": self.group_by.bucket, "days": list(self.group_by.days)})},
             "value": None
             if self.value is None
             else {"column": self.value.column, "lower": str(self.value.lower), "upper": str(self.value.upper),

@@ -162,3 +162,16 @@ def test_a_day_of_a_windowed_release_keeps_its_windows():
             {"user_id": "a", "day": dt.date(2026, 11, 5), "v": 1.0}]
     (cell,) = query_partials(rows, plan_query(day), "s", schema=TYPES).cells.values()
     assert cell["dp_units"] == cell["dp_units@3"] == 1 and cell["dp_rows@3"] == 2
+
+
+def test_the_single_metric_form_takes_a_bucket_too():
+    d = {"name": "weekly", "dataset": "x", "privacy_unit": {"kind": "user", "column": "user_id"},
+         "metric": "distinct_units", "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": 5},
+         "group_by": {"column": "day", "bucket": "week",
+                      "public_keys": {"dates": {"start": "2026-11-02", "end": "2026-11-15"}}},
+         "budget": {"id": "b", "measure": "zcdp", "rho": 1}}
+    spec = release_spec_from_dict(d)
+    assert spec.keys == ("2026-W45", "2026-W46") and spec.canonical()["group_by"]["bucket"] == "week"
+    # a range covering the same weeks with other days is another release
+    d["group_by"]["public_keys"]["dates"]["start"] = "2026-11-03"
+    assert release_spec_from_dict(d).version() != spec.version()
