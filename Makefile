@@ -77,12 +77,15 @@ test-compat: setup-compat
 print-compat-python:
 	@echo $(COMPAT_PYTHON)
 
-# README command 1: set up, generate the demo data, publish the DAU trend and the AOV
-# per region on the embedded default (local Spark, local Delta warehouse, SQLite ledger).
+# README command 1: set up, generate the demo data, publish the DAU trend, the AOV per region
+# and the DAU / WAU / MAU series on the embedded default (local Spark, local Delta warehouse,
+# SQLite ledger), then print the series.
 demo: setup
 	$(VENV)/bin/dp-spark generate-demo --env conf/envs/local.yaml
 	$(PY) jobs/publish_release.py --env conf/envs/local.yaml \
-	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml
+	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml \
+	    --conf conf/releases/wau_mau_daily.yaml
+	$(VENV)/bin/dp-spark show --env conf/envs/local.yaml --family wau_mau_daily
 
 # README command 2: the whole test suite, statistical tests and PostgreSQL included.
 test: setup
