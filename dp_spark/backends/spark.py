@@ -6,7 +6,8 @@
       -> select_columns(spec.columns)           data minimisation, types checked
       -> drop_null_units; where (public, row-wise predicate); value policy per value column
          (null / NaN rows dropped: every statistic of the release counts the same rows)
-      -> keys cast to string, restricted to each column's public key set
+      -> keys cast to string, restricted to each column's public key set by a broadcast hash
+         join against a small (key, index) DataFrame per key column (O(1) per row)
       -> dp_cell: the key tuple's index in the cross product (long; public keys only)
       -> neighbouring 'event' only: keep_unique_events(unit)   one row per event id; ids with
                                                two different rows dropped (one more shuffle)
@@ -109,6 +110,28 @@ def _free_name(name: str, taken) -> str:
     return name
 
 
+def key_index_frame(spark, values, key_name: str, index_name: str) -> DataFrame:
+    """A small DataFrame of a public key set: ``key_name`` string (the key as the data's
+    column cast to string reads it) and ``index_name`` long (its 0-based position in
+    ``values``, distinct keys). Built on the driver from the public key set only."""
+    schema = T.StructType([T.StructField(key_name, T.StringType(), False),
+                           T.StructField(index_name, T.LongType(), False)])
+    return spark.createDataFrame([(str(v), i) for i, v in enumerate(values)], schema)
+
+
+def join_key_index(df: DataFrame, column: str, values) -> tuple[DataFrame, Any]:
+    """``df`` restricted to the rows whose ``column`` (cast to string) is one of the public
+    ``values``, with the key's 0-based index in ``values``: (DataFrame, index Column, long).
+    A broadcast hash join against :func:`key_index_frame`, so the cost per row does not grow
+    with the number of keys. Rows with a null or undeclared key are dropped (inner join)."""
+    taken = set(df.columns)
+    key_name = _free_name(f"dp_key_{column}", taken)
+    index_name = _free_name(f"dp_kidx_{column}", taken | {key_name})
+    keys = key_index_frame(df.sparkSession, values, key_name, index_name)
+    joined = df.join(F.broadcast(keys), column_ref(column).cast(T.StringType()) == F.col(key_name), "inner")
+    return joined.drop(key_name), F.col(index_name)
+
+
 def component_row_columns(comp: Component) -> dict[str, Any]:
     """Per-row Spark columns a component aggregates: {name: Column}, over the bounded rows
     (which hold ``dp_cell``, the unit and the clamped fixed-point value ``fixed_column``
@@ -193,10 +216,10 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         df = apply_value_policy(df, value_col=v)
     cell = F.lit(0).cast(T.LongType())
     for ks in spec.public_key_sets:
-        k = column_ref(ks.column).cast(T.StringType())
-        idx = F.array_position(F.array(*[F.lit(x) for x in ks.values]), k)  # 1-based, 0 when absent
-        df = df.where(k.isNotNull() & (idx > 0))
-        cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + (idx - 1).cast(T.LongType())
+        # the key's index by a broadcast hash join on a small (key, index) DataFrame: O(1) per
+        # row whatever the size of the key set; the inner join drops null and undeclared keys
+        df, idx = join_key_index(df, ks.column, ks.values)
+        cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + idx
     private = spec.private_key_sets
     if private:
         # keys found privately: the cell is (public tuple index, private key values); rows
