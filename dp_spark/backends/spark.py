@@ -22,7 +22,8 @@
          rows the row statistics keep; sensitivity L0' as before); when the K cut cannot drop
          a pair (K >= L0 Linf') these are the (cell, unit) groups above, else one more pass
          over the distinct pairs
-      -> collect: at most (key tuples + 1) rows of longs reach the driver
+      -> collect: at most key tuples rows of longs reach the driver, streamed one Spark partition
+         at a time and packed into int64 vectors (stream_partial_columns)
 
 Limits that cannot bind are not computed (L0 >= number of key tuples; Linf >= K).
 """
@@ -345,7 +346,8 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
 
 def collect_query_partials(df: DataFrame, plan):
     """{cell index: {partial: int}} for the cells present in the data (absent cells are zeros
-    for the noise step). At most (cells + 1) rows are collected.
+    for the noise step): a :class:`~dp_spark.statistics.plan.PartialColumns`, streamed in
+    bounded batches (:func:`stream_partial_columns`).
 
     With private keys: ``(partials, tuples)``, ``tuples`` the key tuples of the published cells
     (in ``group_by`` order: the public key tuples x the selected private tuples) and the
@@ -354,15 +356,48 @@ def collect_query_partials(df: DataFrame, plan):
     n = spec.cells
     if spec.private_key_sets:
         return _collect_private(df, plan)
-    rows = df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)).limit(n + 1).collect()
-    out: dict[int, dict[str, int]] = {}
-    for r in rows:
-        d = r.asDict()
-        i = int(d.pop(CELL))
-        if i in out:
-            raise SchemaError("partials hold more than one row for a key tuple")
-        out[i] = {k: int(v or 0) for k, v in d.items()}
-    return out
+    return stream_partial_columns(df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)), n)
+
+
+#: rows of partials turned into numpy vectors at a time on the driver (the stream's bound)
+STREAM_BATCH = 65_536
+
+
+def stream_partial_columns(df: DataFrame, n: int, batch: int = STREAM_BATCH):
+    """The partials of at most ``n`` cells, streamed to the driver one Spark partition at a
+    time (``toLocalIterator``: never one collect of every row) and packed into int64
+    vectors every ``batch`` rows: a :class:`~dp_spark.statistics.plan.PartialColumns`. More
+    than ``n`` rows, or two rows of one cell, is a SchemaError (no value in the text)."""
+    import numpy as np
+
+    from dp_spark.statistics.plan import PartialColumns
+
+    names = [c for c in df.columns if c != CELL]
+    fields = [CELL] + names
+    chunks: list[np.ndarray] = []
+    buf: list[tuple] = []
+    seen = 0
+
+    def pack() -> None:
+        chunks.append(np.array([tuple(0 if v is None else v for v in r) for r in buf], dtype=np.int64)
+                      .reshape(len(buf), len(fields)))
+        buf.clear()
+
+    for r in df.select(*fields).toLocalIterator():
+        seen += 1
+        if seen > n:
+            raise SchemaError("partials hold more rows than the release has cells")
+        buf.append(tuple(r))
+        if len(buf) >= batch:
+            pack()
+    if buf:
+        pack()
+    table = np.concatenate(chunks) if chunks else np.zeros((0, len(fields)), dtype=np.int64)
+    order = np.argsort(table[:, 0], kind="stable")
+    table = table[order]
+    if table.shape[0] > 1 and bool(np.any(np.diff(table[:, 0]) == 0)):
+        raise SchemaError("partials hold more than one row for a key tuple")
+    return PartialColumns(table[:, 0], {name: table[:, j + 1] for j, name in enumerate(names)})
 
 
 def _collect_private(df: DataFrame, plan):

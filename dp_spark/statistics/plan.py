@@ -50,7 +50,7 @@ from dp_spark.statistics.base import kind_of
 
 _QUANTUM = 10**6
 #: noise is drawn on the driver: a bound on the draws of one release (key tuples x entries)
-MAX_NOISY_ENTRIES = 2_000_000
+MAX_NOISY_ENTRIES = 10_000_000
 
 
 def key_tuples(key_sets) -> list[tuple[str, ...]]:
@@ -206,6 +206,44 @@ class QueryPlan:
         return cells
 
 
+class PartialColumns(Mapping):
+    """The collected partials as columns: ``index`` the sorted indices of the cells present
+    in the data (int64, distinct), ``columns`` one int64 vector per partial, aligned with it.
+    A read-only ``{cell index: {partial: int}}`` mapping (what the backends return), without
+    one Python object per cell; :func:`true_vector` reads the columns directly."""
+
+    def __init__(self, index: np.ndarray, columns: Mapping[str, np.ndarray]):
+        self.index = np.asarray(index, dtype=np.int64)
+        self.columns = {k: np.asarray(v, dtype=np.int64) for k, v in columns.items()}
+        if self.index.size and bool(np.any(np.diff(self.index) <= 0)):
+            raise DpSparkError("internal: partial columns need sorted, distinct cell indices")
+
+    def _pos(self, i) -> int:
+        pos = int(np.searchsorted(self.index, i))
+        if pos >= self.index.size or int(self.index[pos]) != i:
+            raise KeyError(i)
+        return pos
+
+    def __getitem__(self, i) -> dict[str, int]:
+        pos = self._pos(i)
+        return {k: int(v[pos]) for k, v in self.columns.items()}
+
+    def __iter__(self):
+        return iter(self.index.tolist())
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    def dense(self, name: str, n: int) -> np.ndarray:
+        """Partial ``name`` over cells 0..n-1 (zeros where a cell is absent or lacks it)."""
+        out = np.zeros(n, dtype=np.int64)
+        col = self.columns.get(name)
+        if col is not None and self.index.size:
+            keep = self.index < n
+            out[self.index[keep]] = col[keep]
+        return out
+
+
 def true_vector(comp, partials: Mapping[int, Mapping[str, int]], n: int) -> np.ndarray:
     """A component's exact grid integers over cells 0..n-1 (``width`` per cell), from the
     collected partials (absent cells are zeros): ``int64``, or ``object`` when one does not fit."""
@@ -214,6 +252,8 @@ def true_vector(comp, partials: Mapping[int, Mapping[str, int]], n: int) -> np.n
     empty: dict = {}
     if comp.kind in ("rows", "units"):
         name = "dp_rows" if comp.kind == "rows" else "dp_units"
+        if isinstance(partials, PartialColumns):
+            return partials.dense(name, n)
         return np.fromiter((partials.get(i, empty).get(name, 0) for i in range(n)), dtype=np.int64, count=n)
     out: list[int] = []
     for i in range(n):

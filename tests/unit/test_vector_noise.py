@@ -104,3 +104,22 @@ def test_values_beyond_2_53_take_the_exact_per_cell_path():
     want = _per_cell(plan, partials, 4)
     assert [c["value"] for c in cells] == [c["value"] for c in want]
     assert cells[0]["value"] > 2**61
+
+
+def test_partial_columns_are_the_partials_mapping():
+    from dp_spark.statistics.plan import PartialColumns, true_vector
+
+    plan = _plan(stats=STATS[:3])
+    as_dict = {2: {"dp_rows": 5, "dp_units": 3}, 7: {"dp_rows": 1, "dp_units": 1}, 19: {"dp_rows": 4, "dp_units": 0}}
+    for comp in plan.components:
+        if comp.clamp is not None:
+            for i, d in as_dict.items():
+                d.update({f"{comp.sum_alias}_lo": 3 * i, f"{comp.sum_alias}_mid": i, f"{comp.sum_alias}_hi": 0})
+    names = sorted(as_dict[2])
+    cols = PartialColumns(np.array([2, 7, 19]), {k: np.array([as_dict[i][k] for i in (2, 7, 19)]) for k in names})
+    assert cols == as_dict and dict(cols) == as_dict and len(cols) == 3 and 3 not in cols
+    for comp in plan.components:
+        assert true_vector(comp, cols, 20).tolist() == true_vector(comp, as_dict, 20).tolist()
+    assert plan.noise(cols, SeededNoiseSource(9)) == plan.noise(as_dict, SeededNoiseSource(9))
+    with pytest.raises(Exception, match="sorted, distinct"):
+        PartialColumns(np.array([3, 3]), {"dp_rows": np.array([1, 2])})
