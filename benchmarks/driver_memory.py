@@ -1,7 +1,7 @@
 """Driver-side cost of a release's cells, without Spark: Python memory (tracemalloc peak) and
 time of each driver step at N cells of one ``count`` by day x product.
 
-    DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/driver_memory.py --cells 100000,1000000
+    DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/driver_memory.py --cells 1000000
 
 Steps, as the engine runs them after the executors aggregated: the partials as the streamed
 collect packs them (:class:`dp_spark.statistics.plan.PartialColumns`, int64 vectors; built
@@ -9,8 +9,9 @@ here from synthetic counts, no Spark), ``QueryPlan.noise`` with the production s
 exact discrete Gaussian), the release rows (each cell merged with the release's common fields,
 as ``Engine._rows`` does), and the Arrow table the Delta write is built from
 (:func:`dp_spark.delta.release_table.cells_arrow_table`). Prints per N the time of each step,
-the noise throughput (cells/s) and the tracemalloc peak over all steps (Python allocations;
-the JVM's memory is not included), with the load average.
+the noise throughput (cells/s) and the process's peak RSS above its RSS before the first step
+(``resource.getrusage``: Python and the noise library, no JVM here), with the load average.
+Give one N per run for a clean peak (the peak of a process only grows).
 """
 
 from __future__ import annotations
@@ -19,11 +20,22 @@ import argparse
 import os
 import sys
 import time
-import tracemalloc
+import resource
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> int:
@@ -50,7 +62,7 @@ def main() -> int:
             "budget": {"id": "b", "measure": "zcdp", "rho": 0.01}}, "mem.yaml")
         plan = plan_query(spec)
         load = os.getloadavg()[0]
-        tracemalloc.start()
+        before = _rss_mib()
         t = {}
         t0 = time.monotonic()
         present = np.arange(0, cells, 2, dtype=np.int64)  # half the cells present in the data
@@ -72,12 +84,11 @@ def main() -> int:
         t0 = time.monotonic()
         table = cells_arrow_table(rows)
         t["arrow"] = time.monotonic() - t0
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+        peak = (_peak_mib() - before) * 2**20
         del rows, table, partials
         print(f"cells={cells:,} load {load:.1f}: partials {t['partials']:.2f}s, noise {t['noise']:.2f}s "
               f"({cells / t['noise']:,.0f} cells/s), rows {t['rows']:.2f}s, arrow table {t['arrow']:.2f}s; "
-              f"Python peak (tracemalloc) {peak / 2**20:,.0f} MiB = {peak / cells:,.0f} bytes/cell", flush=True)
+              f"peak RSS above the start {peak / 2**20:,.0f} MiB = {peak / cells:,.0f} bytes/cell", flush=True)
     return 0
 
 
