@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/release_vs_plain.py [--rows 2000000[,20000000]] [--reps 3]
         [--layout time|user] [--case aov|multi|multi_day_region|general|tiny|drift] [--releases 50]
-        [--threads on|compare]
+        [--threads on|compare] [--case cells --cells 1000,100000]
 
 ``--rows`` (alias ``--sizes``): rows per dataset, comma separated; 2M by default, 20M opt-in
 (``--rows 2000000,20000000`` also prints the 20M/2M ratio).
@@ -22,6 +22,15 @@ ONE engine and process (publish + finish each; each release's background mirror 
 overlaps the next release, the engine is closed once at the end); prints each release's time and the process's
 memory (Python RSS, the driver JVM's RSS and its heap after a full GC, live threads, cached RDDs), then the medians of
 the first 5 and of the last 5 and their ratio. Target: flat (last 5 / first 5 within 1.5x).
+
+``--case cells``: the cost per cell. One ``count`` by day x product (30 days x P products, K = 10
+rows per user, no L0 / Linf limit) for each ``--cells`` target (default ``1000,100000``: 33 and
+3,333 products, 990 and 99,990 cells) on ``--rows`` rows (a ``product`` column hashed from the
+event id, one input table per product count), against plain Spark's groupBy(day, product)
+count after the same 10-row cap per user, side by side in one process: plain, then the whole
+dp_spark release (publish + finish + close, a fresh release each time), ``--reps`` times (3 by
+default); the first repetition warms the JVM and the LAST is reported, with its time by stage,
+the load average before it, and the driver's peak memory.
 
 ``--case general``: the multi-statistic release per region with the GENERAL bounding (L0 = 3
 regions per user, Linf = 2 rows per user and region, K = 5 rows per user), against plain Spark
@@ -239,7 +248,9 @@ def main() -> int:
                     help="row order of the input table (see the module docstring)")
     ap.add_argument("--threads", choices=("on", "compare"), default="on",
                     help="--case tiny: 'compare' alternates repetitions with the background threads on and off")
-    ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift"),
+    ap.add_argument("--cells", default="1000,100000",
+                    help="--case cells: target cell counts (day x product), comma separated")
+    ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift", "cells"),
                     default="aov", help="the release measured (see the module docstring)")
     args = ap.parse_args()
     small_case = args.case in ("tiny", "drift")
@@ -299,6 +310,8 @@ def main() -> int:
         "version": 1, "releases_dir": str(work / "releases"),
         "principals": {"bench": {"roles": ["publisher"]}}}))
 
+    if args.case == "cells":
+        return _cells_case(args, spark, sizes, work, policies, stages, mem)
     results = {}
     for n in sizes:
         users = max(1, n // 10)  # mean 10 rows per user
@@ -466,6 +479,80 @@ def main() -> int:
     for n, (a, c) in results.items():  # the whole release: publish + finish, as a one-release job runs
         target = 1.5 if n < 10_000_000 else 1.3
         print(f"TARGET whole release c/a <= {target} at {n:,}: {'PASS' if c / a <= target else 'FAIL'} ({c / a:.2f})")
+    return 0
+
+
+def _cells_case(args, spark, sizes, work, policies, stages, mem) -> int:
+    """``--case cells`` (module docstring): one count by day x product at each ``--cells``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from dp_spark.config import env_from_dict, load_release_spec
+    from dp_spark.demo_data import generate_events
+    from dp_spark.engine import Engine
+
+    K, days = 10, 30
+    for n in sizes:
+        base = work / f"events_{n}_{args.layout}"
+        if not (base / "_delta_log").exists():
+            t0 = time.monotonic()
+            df = generate_events(spark, n_users=max(1, n // 10), days=days, start_date=date(2026, 11, 1),
+                                 seed=3, mean_rows_per_user=10)
+            df = df.repartitionByRange(max(2, n // 1_000_000), "event_time").sortWithinPartitions("event_time")
+            df.write.format("delta").mode("overwrite").save(str(base))
+            print(f"generated {n:,} rows in {time.monotonic() - t0:.0f}s", flush=True)
+        for target in [int(c) for c in args.cells.split(",")]:
+            products = max(1, target // days)
+            cells = products * days
+            data = work / f"events_{n}_{args.layout}_p{products}"
+            if not (data / "_delta_log").exists():
+                (spark.read.format("delta").load(str(base))
+                 .withColumn("product", F.format_string("p_%05d", F.pmod(F.xxhash64("event_id"), F.lit(products))))
+                 .write.format("delta").mode("overwrite").save(str(data)))
+            wh = Path(tempfile.mkdtemp(prefix=f"wh_cells_{cells}_", dir=work))
+            env = env_from_dict({"name": "bench", "warehouse": str(wh),
+                                 "datasets": {"bench_events": str(data)}, "policies": str(policies)},
+                                source="bench", root=work)
+            spec = {"privacy_unit": {"kind": "user", "column": "user_id"},
+                    "group_by": [{"column": "day", "public_keys": {"dates": {"start": "2026-11-01",
+                                                                                 "end": "2026-11-30"}}},
+                                 {"column": "product", "public_keys": {
+                                     "values": [f"p_{i:05d}" for i in range(products)]}}],
+                    "bounds": {"max_rows_per_unit": K, "max_partitions_per_unit": cells},
+                    "statistics": [{"name": "orders", "kind": "count"}], "max_cells": cells}
+
+            def plain():
+                df = spark.read.format("delta").load(str(data)).where(F.col("user_id").isNotNull())
+                w = Window.partitionBy("user_id").orderBy("event_id")
+                df = df.withColumn("rn", F.row_number().over(w)).where(F.col("rn") <= K)
+                return df.groupBy("day", "product").agg(F.count(F.lit(1))).collect()
+
+            def dp(i):
+                d = dict(spec, name=f"cells_{cells}_{i}", family=f"cells_{cells}", dataset="bench_events",
+                         budget={"id": "bench", "measure": "zcdp", "rho": 0.01})
+                f = work / "releases" / f"cells_{cells}_{i}.yaml"
+                f.write_text(yaml.safe_dump(d))
+                eng = Engine(env, spark=spark, principal="bench", refresh="deferred")
+                with stages.run():
+                    result = eng.publish(load_release_spec(f))
+                    assert result.status == "published", result.status
+                    eng.finish()
+                    eng.close()
+
+            stages.runs.clear()
+            ta, tc, loads = [], [], []
+            for i in range(args.reps):
+                loads.append(os.getloadavg()[0])
+                t0 = time.monotonic(); plain(); ta.append(time.monotonic() - t0)
+                t0 = time.monotonic(); dp(i); tc.append(time.monotonic() - t0)
+                print(f"  run {i + 1}: load {loads[-1]:.1f}  plain {ta[-1]:.2f}s  dp_spark {tc[-1]:.2f}s "
+                      f"({tc[-1] / ta[-1]:.1f}x)", flush=True)
+            a, c = ta[-1], tc[-1]
+            print(f"case=cells rows={n:,} cells={cells:,} ({products} products x {days} days), run {args.reps} of "
+                  f"{args.reps}, load average {loads[-1]:.1f}: plain groupBy + {K}-row cap {a:.2f}s  dp_spark whole "
+                  f"release {c:.2f}s  ratio {c / a:.2f}", flush=True)
+            stages.report(f"cells={cells:,}, last run", last=1)
+    print("  " + mem.peak(), flush=True)
     return 0
 
 

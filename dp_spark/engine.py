@@ -564,11 +564,13 @@ class Engine:
                 partials = collect_query_partials(partials_df, plan)
         # 5. driver: noise, post-processing, intervals (values stay in memory)
         with _stage(self.spark, "noise", release_id):
-            components: dict[Any, Any] = {}
+            # the noisy components by key are only needed to merge small groups
+            components: Optional[dict[Any, Any]] = {} if spec.min_group_size is not None else None
             cells = plan.noise(partials, self.source, tuples, components)
+            del partials
         suppressed: list[str] = []
         if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)
-            cells, suppressed = threshold_cells(spec, cells, components)
+            cells, suppressed = threshold_cells(spec, cells, components or {})
         del components
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         del cells

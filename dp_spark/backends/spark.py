@@ -6,9 +6,10 @@
       -> select_columns(spec.columns)           data minimisation, types checked
       -> drop_null_units; where (public, row-wise predicate); value policy per value column
          (null / NaN rows dropped: every statistic of the release counts the same rows)
-      -> keys cast to string, restricted to each column's public key set
+      -> keys cast to string, restricted to each column's public key set by a broadcast hash
+         join against a small (key, index) DataFrame per key column (O(1) per row)
       -> dp_cell: the key tuple's index in the cross product (long; public keys only); a
-         bucketed date key (week, month) maps each declared day to its bucket's index
+         bucketed date key (week, month) joins each declared day to its bucket's index
       -> rolling windows: a broadcast join with the date feeds (dp_spark.statistics.plan.DateFeeds)
          makes each row one row per (day, window) cell it feeds: dp_cell = index * windows + w;
          the bounding below cuts these cells as any others; collect splits them per window
@@ -25,7 +26,8 @@
          rows the row statistics keep; sensitivity L0' as before); when the K cut cannot drop
          a pair (K >= L0 Linf') these are the (cell, unit) groups above, else one more pass
          over the distinct pairs
-      -> collect: at most (key tuples + 1) rows of longs reach the driver
+      -> collect: at most key tuples rows of longs reach the driver, streamed one Spark partition
+         at a time and packed into int64 vectors (stream_partial_columns)
 
 Limits that cannot bind are not computed (L0 >= number of key tuples; Linf >= K).
 """
@@ -112,6 +114,30 @@ def _free_name(name: str, taken) -> str:
     while name in taken:
         name += "_"
     return name
+
+
+def key_index_frame(spark, values, key_name: str, index_name: str, indices=None) -> DataFrame:
+    """A small DataFrame of a public key set: ``key_name`` string (the key as the data's
+    column cast to string reads it) and ``index_name`` long (its 0-based position in
+    ``values``, distinct keys; or ``indices[i]`` when given: a bucket's index for each day).
+    Built on the driver from the public key set only."""
+    schema = T.StructType([T.StructField(key_name, T.StringType(), False),
+                           T.StructField(index_name, T.LongType(), False)])
+    at = range(len(values)) if indices is None else indices
+    return spark.createDataFrame([(str(v), int(i)) for v, i in zip(values, at, strict=True)], schema)
+
+
+def join_key_index(df: DataFrame, column: str, values, indices=None) -> tuple[DataFrame, Any]:
+    """``df`` restricted to the rows whose ``column`` (cast to string) is one of the public
+    ``values``, with the key's 0-based index in ``values``: (DataFrame, index Column, long).
+    A broadcast hash join against :func:`key_index_frame`, so the cost per row does not grow
+    with the number of keys. Rows with a null or undeclared key are dropped (inner join)."""
+    taken = set(df.columns)
+    key_name = _free_name(f"dp_key_{column}", taken)
+    index_name = _free_name(f"dp_kidx_{column}", taken | {key_name})
+    keys = key_index_frame(df.sparkSession, values, key_name, index_name, indices)
+    joined = df.join(F.broadcast(keys), column_ref(column).cast(T.StringType()) == F.col(key_name), "inner")
+    return joined.drop(key_name), F.col(index_name)
 
 
 def component_row_columns(comp: Component) -> dict[str, Any]:
@@ -206,15 +232,15 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             df = df.where(k.isNotNull())
             cell = cell * F.lit(len(ks.values)).cast(T.LongType())
             continue
-        days = ks.days if ks.bucket is not None else ks.values
-        pos = F.array_position(F.array(*[F.lit(x) for x in days]), k)  # 1-based, 0 when absent
-        df = df.where(k.isNotNull() & (pos > 0))
-        if ks.bucket is not None:  # a declared day -> the index of its week or month
+        # the key's index by a broadcast hash join on a small (key, index) DataFrame: O(1) per
+        # row whatever the size of the key set; the inner join drops null and undeclared keys;
+        # a bucketed date key joins each declared day to its week's or month's index
+        if ks.bucket is not None:
             at = ks.bucket_index()
-            idx = F.when(pos > 0, F.element_at(F.array(*[F.lit(at[d] + 1) for d in days]), pos.cast(T.IntegerType())))
+            df, idx = join_key_index(df, ks.column, ks.days, [at[d] for d in ks.days])
         else:
-            idx = pos
-        cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + (idx - 1).cast(T.LongType())
+            df, idx = join_key_index(df, ks.column, ks.values)
+        cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + idx
     if feeds is not None:
         # schema of the feeds: day string, t long -- one row per (day, expanded cell offset)
         day_col, t_col = _free_name("dp_feed_day", spec.columns), _free_name("dp_feed_t", spec.columns)
@@ -351,7 +377,8 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
 
 def collect_query_partials(df: DataFrame, plan):
     """{cell index: {partial: int}} for the cells present in the data (absent cells are zeros
-    for the noise step). At most (cells + 1) rows are collected.
+    for the noise step): a :class:`~dp_spark.statistics.plan.PartialColumns`, streamed in
+    bounded batches (:func:`stream_partial_columns`).
 
     With private keys: ``(partials, tuples)``, ``tuples`` the key tuples of the published cells
     (in ``group_by`` order: the public key tuples x the selected private tuples) and the
@@ -360,15 +387,49 @@ def collect_query_partials(df: DataFrame, plan):
     n = spec.cells * len(spec.windows)  # with windows: the expanded (key tuple, window) cells
     if spec.private_key_sets:
         return _collect_private(df, plan)
-    rows = df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)).limit(n + 1).collect()
-    out: dict[int, dict[str, int]] = {}
-    for r in rows:
-        d = r.asDict()
-        i = int(d.pop(CELL))
-        if i in out:
-            raise SchemaError("partials hold more than one row for a key tuple")
-        out[i] = {k: int(v or 0) for k, v in d.items()}
-    return split_windows(spec, out) if spec.windowed else out
+    got = stream_partial_columns(df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)), n)
+    return split_windows(spec, got) if spec.windowed else got
+
+
+#: rows of partials turned into numpy vectors at a time on the driver (the stream's bound)
+STREAM_BATCH = 65_536
+
+
+def stream_partial_columns(df: DataFrame, n: int, batch: int = STREAM_BATCH):
+    """The partials of at most ``n`` cells, streamed to the driver one Spark partition at a
+    time (``toLocalIterator``: never one collect of every row) and packed into int64
+    vectors every ``batch`` rows: a :class:`~dp_spark.statistics.plan.PartialColumns`. More
+    than ``n`` rows, or two rows of one cell, is a SchemaError (no value in the text)."""
+    import numpy as np
+
+    from dp_spark.statistics.plan import PartialColumns
+
+    names = [c for c in df.columns if c != CELL]
+    fields = [CELL] + names
+    chunks: list[np.ndarray] = []
+    buf: list[tuple] = []
+    seen = 0
+
+    def pack() -> None:
+        chunks.append(np.array([tuple(0 if v is None else v for v in r) for r in buf], dtype=np.int64)
+                      .reshape(len(buf), len(fields)))
+        buf.clear()
+
+    for r in df.select(*fields).toLocalIterator():
+        seen += 1
+        if seen > n:
+            raise SchemaError("partials hold more rows than the release has cells")
+        buf.append(tuple(r))
+        if len(buf) >= batch:
+            pack()
+    if buf:
+        pack()
+    table = np.concatenate(chunks) if chunks else np.zeros((0, len(fields)), dtype=np.int64)
+    order = np.argsort(table[:, 0], kind="stable")
+    table = table[order]
+    if table.shape[0] > 1 and bool(np.any(np.diff(table[:, 0]) == 0)):
+        raise SchemaError("partials hold more than one row for a key tuple")
+    return PartialColumns(table[:, 0], {name: table[:, j + 1] for j, name in enumerate(names)})
 
 
 def _collect_private(df: DataFrame, plan):

@@ -266,12 +266,44 @@ class ConcurrentReleaseWrite(Exception):
     """A concurrent write of the same release id committed first (Delta refused ours)."""
 
 
+def _arrow_type(dtype: T.DataType):
+    import pyarrow as pa
+
+    if isinstance(dtype, T.MapType):
+        return pa.map_(pa.string(), pa.string())
+    return {T.StringType(): pa.string(), T.DoubleType(): pa.float64(), T.LongType(): pa.int64(),
+            T.BooleanType(): pa.bool_()}[dtype]
+
+
+def cells_arrow_table(rows: list[dict[str, Any]]):
+    """The release's cells but ``created_at`` as one Arrow table (one column at a time, no
+    per-row schema check): the columns and types of :data:`RELEASE_SCHEMA`."""
+    import pyarrow as pa
+
+    fields = [f for f in RELEASE_SCHEMA.fields if f.name != "created_at"]
+    arrays = []
+    for f in fields:
+        col = [r[f.name] for r in rows]
+        if isinstance(f.dataType, T.MapType):
+            col = [None if m is None else list(m.items()) for m in col]
+        arrays.append(pa.array(col, type=_arrow_type(f.dataType)))
+    return pa.Table.from_arrays(arrays, names=[f.name for f in fields])
+
+
 def _cells_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     """The release's cells as one DataFrame of one partition: the cells are a driver-side list
     (O(cells)), and one file per release keeps the table's file count (and its readers' cost)
-    down. (Tests replace it to hold a write inside its Spark job.)"""
-    return spark.createDataFrame([tuple(r[f.name] for f in RELEASE_SCHEMA.fields) for r in rows],
-                                 RELEASE_SCHEMA).coalesce(1)
+    down. Built from an Arrow table (:func:`cells_arrow_table`), with the release's one
+    ``created_at`` as a literal (the same conversion of a naive timestamp as a row's); rows
+    with different ``created_at`` take the row-by-row path. (Tests replace it to hold a
+    write inside its Spark job.)"""
+    created = {r["created_at"] for r in rows}
+    if len(created) != 1:
+        return spark.createDataFrame([tuple(r[f.name] for f in RELEASE_SCHEMA.fields) for r in rows],
+                                     RELEASE_SCHEMA).coalesce(1)
+    df = spark.createDataFrame(cells_arrow_table(rows)).withColumn(
+        "created_at", F.lit(created.pop()).cast(T.TimestampType()))
+    return df.select(*[F.col(f.name).cast(f.dataType) for f in RELEASE_SCHEMA.fields]).coalesce(1)
 
 
 def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) -> None:

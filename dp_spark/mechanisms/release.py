@@ -53,6 +53,7 @@ __all__ = [
     "StatisticPlan",
     "plan_statistic",
     "add_noise",
+    "add_noise_array",
     "grid_value_range",
     "grid_midpoint",
     "grid_sensitivity",
@@ -271,6 +272,40 @@ def add_noise(plan: StatisticPlan, true_values_grid: Sequence[int], source) -> l
     if len(draws) != plan.cells:
         raise PlanMismatchError(f"statistic {plan.statistic!r}: the noise source returned a wrong length")
     return [int(v) + int(d) for v, d in zip(values, draws)]
+
+
+def add_noise_array(plan: StatisticPlan, true_values_grid, source):
+    """:func:`add_noise` over a numpy vector: ``true + noise`` per cell, one vector call to
+    ``source`` (the same draws, in the same order, as :func:`add_noise`). Returns an ``int64``
+    array, or an ``object`` array of Python ints when a value does not fit in 62 bits (the
+    sum is then exact in Python integers). Never logged."""
+    if not isinstance(plan, StatisticPlan):
+        raise ConfigError("add_noise needs a StatisticPlan")
+    import numpy as np
+
+    from dp_spark.mechanisms.samplers import as_int_array
+
+    true = true_values_grid if isinstance(true_values_grid, np.ndarray) else as_int_array(true_values_grid)
+    if true.shape != (plan.cells,):
+        raise PlanMismatchError(
+            f"statistic {plan.statistic!r}: expected {plan.cells} cells, got a different number")
+    if true.dtype != np.int64 and true.dtype != object:
+        raise PlanMismatchError(f"statistic {plan.statistic!r}: true values must be grid integers")
+    if hasattr(source, "draw_array"):
+        draws = source.draw_array(plan.mechanism, plan.scale, plan.cells)
+    else:
+        draws = as_int_array(add_noise(plan, [0] * plan.cells, source))
+    if len(draws) != plan.cells:
+        raise PlanMismatchError(f"statistic {plan.statistic!r}: the noise source returned a wrong length")
+    limit = 2**62  # |true| and |draw| below 2^62: their int64 sum cannot wrap
+    def small(a) -> bool:
+        return a.dtype == np.int64 and -limit < int(a.min()) and int(a.max()) < limit
+
+    if plan.cells and small(true) and small(draws):
+        return true + draws
+    if not plan.cells:
+        return np.zeros(0, dtype=np.int64)
+    return as_int_array([int(v) + int(d) for v, d in zip(true.tolist(), draws.tolist())])
 
 
 # --- reference helpers (one cell, real units) -----------------------------------------------

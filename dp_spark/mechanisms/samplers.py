@@ -264,8 +264,22 @@ class NoiseSource(abc.ABC):
             return self.discrete_gaussian(scale, n)
         raise ConfigError(f"unknown noise kind {kind!r}; expected one of {list(KINDS)}")
 
+    def draw_array(self, kind: str, scale: Fraction, n: int) -> np.ndarray:
+        """The draws of :meth:`draw` as one numpy array: ``int64``, or ``object`` (Python ints)
+        when a draw does not fit in 64 bits. The same draws, in the same order, as ``draw``."""
+        return as_int_array(self.draw(kind, scale, n))
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+def as_int_array(values) -> np.ndarray:
+    """Exact integers as an ``int64`` array, or an ``object`` array of Python ints when one
+    does not fit (never a float, never a wrapped value)."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        return np.asarray([int(v) for v in values], dtype=object)
 
 
 def float_at_least(frac: Fraction, name: str) -> float:
@@ -329,6 +343,43 @@ class OpenDPNoiseSource(NoiseSource):
             raise ConfigError("the noise library returned the wrong number of draws")
         return out
 
+    def draw_array(self, kind: str, scale: Fraction, n: int) -> np.ndarray:
+        """:meth:`draw` without a Python loop over the draws when none saturated the ``i64``
+        (the common case): OpenDP's vector as an ``int64`` array. A saturated draw (probability
+        below e^-8192 at the scales the engine uses) takes the exact tail code of ``draw``."""
+        if kind not in KINDS:
+            return super().draw_array(kind, scale, n)
+        scale = check_scale(scale, "sigma" if kind == DISCRETE_GAUSSIAN else "scale")
+        n = _check_n(n)
+        if n == 0 or (kind == DISCRETE_GAUSSIAN and scale > _GAUSSIAN_OPENDP_MAX_SIGMA):
+            return super().draw_array(kind, scale, n)
+        f = float_at_least(scale, "sigma" if kind == DISCRETE_GAUSSIAN else "scale")
+        out = np.asarray(self._measurement(kind, f)(np.zeros(n, dtype=np.int64)), dtype=np.int64)
+        if out.shape != (n,):  # defensive: never release a short vector
+            raise ConfigError("the noise library returned the wrong number of draws")
+        if bool(np.any((out == _I64_MAX) | (out == _I64_MIN))):
+            return as_int_array(self._fix_saturated(kind, out.tolist(), f))
+        return out
+
+    def _fix_saturated(self, kind: str, draws: list[int], f: float) -> list[int]:
+        """Replace each draw OpenDP saturated at +-(2^63 - 1) by an exact draw from its tail."""
+        if kind == DISCRETE_LAPLACE:
+            exact_scale = Fraction(f)
+            for i, x in enumerate(draws):
+                # Saturated: the true draw is X >= 2^63 - 1 (or <= -2^63); redraw its tail exactly.
+                if x == _I64_MAX:
+                    draws[i] = _I64_MAX + _laplace_tail_excess(exact_scale, _os_randbelow)
+                elif x == _I64_MIN:
+                    draws[i] = _I64_MIN - _laplace_tail_excess(exact_scale, _os_randbelow)
+            return draws
+        sigma2 = Fraction(f) ** 2
+        for i, x in enumerate(draws):
+            if x == _I64_MAX:
+                draws[i] = _I64_MAX + _gaussian_tail_excess(_I64_MAX, sigma2, _os_randbelow)
+            elif x == _I64_MIN:
+                draws[i] = _I64_MIN - _gaussian_tail_excess(-_I64_MIN, sigma2, _os_randbelow)
+        return draws
+
     def discrete_laplace(self, scale: Fraction, n: int) -> list[int]:
         scale = check_scale(scale, "scale")
         n = _check_n(n)
@@ -336,14 +387,7 @@ class OpenDPNoiseSource(NoiseSource):
             return []
         f = float_at_least(scale, "scale")
         draws = self._vector(DISCRETE_LAPLACE, f, n)
-        exact_scale = Fraction(f)
-        for i, x in enumerate(draws):
-            # Saturated: the true draw is X >= 2^63 - 1 (or <= -2^63); redraw its tail exactly.
-            if x == _I64_MAX:
-                draws[i] = _I64_MAX + _laplace_tail_excess(exact_scale, _os_randbelow)
-            elif x == _I64_MIN:
-                draws[i] = _I64_MIN - _laplace_tail_excess(exact_scale, _os_randbelow)
-        return draws
+        return self._fix_saturated(DISCRETE_LAPLACE, draws, f)
 
     def discrete_gaussian(self, sigma: Fraction, n: int) -> list[int]:
         sigma = check_scale(sigma, "sigma")
@@ -354,14 +398,7 @@ class OpenDPNoiseSource(NoiseSource):
             f = float_at_least(sigma, "sigma")
             return _exact_gaussian_draws(Fraction(f), n, _os_randbelow)
         f = float_at_least(sigma, "sigma")
-        draws = self._vector(DISCRETE_GAUSSIAN, f, n)
-        sigma2 = Fraction(f) ** 2
-        for i, x in enumerate(draws):
-            if x == _I64_MAX:
-                draws[i] = _I64_MAX + _gaussian_tail_excess(_I64_MAX, sigma2, _os_randbelow)
-            elif x == _I64_MIN:
-                draws[i] = _I64_MIN - _gaussian_tail_excess(-_I64_MIN, sigma2, _os_randbelow)
-        return draws
+        return self._fix_saturated(DISCRETE_GAUSSIAN, self._vector(DISCRETE_GAUSSIAN, f, n), f)
 
 
 class SeededNoiseSource(NoiseSource):

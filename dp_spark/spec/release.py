@@ -57,7 +57,7 @@ MAX_WINDOW_DAYS = 366
 # Limits against the many-segments trap (MISSION 9): at most this many cells per release unless
 # the spec raises it explicitly (never above the hard limit).
 DEFAULT_MAX_CELLS = 1000
-HARD_MAX_CELLS = 100_000
+HARD_MAX_CELLS = 10_000_000
 #: the statistic kinds ``min_group_size: {strategy: merge_other}`` can combine over merged keys
 MERGEABLE_KINDS = ("count", "distinct_units", "mean")
 #: problems that are refused clamp bounds (raised as InvalidBoundsError)

@@ -146,6 +146,16 @@ class StatisticKind:
         raise NotImplementedError
 
 
+    def finish_columns(self, stat: StatisticSpec, grids: Mapping, plans: Mapping,
+                       alpha: Fraction) -> Optional[dict[str, Any]]:
+        """:meth:`finish` over every cell at once, or None when this kind (or these values)
+        has no vectorised form: ``grids[c]``, each component's noisy values on its grid, a
+        numpy integer vector (``width`` entries per cell). Returns ``value``, ``ci_low`` and
+        ``ci_high`` as float64 vectors, the other fields of :meth:`finish` as one value each
+        (they do not depend on the cell); equal to :meth:`finish` cell by cell."""
+        return None
+
+
 KINDS: dict[str, StatisticKind] = {}
 
 

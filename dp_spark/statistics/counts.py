@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.moments import GroupSizeOptions
-from dp_spark.statistics.noise import count_cell
+from dp_spark.statistics.noise import count_cell, interval_columns
 
 
 class _Count(StatisticKind):
@@ -42,6 +42,10 @@ class _Count(StatisticKind):
     def finish(self, stat, noisy: Mapping, plans: Mapping, alpha: Fraction) -> dict[str, Any]:
         (c,) = noisy
         return count_cell(noisy[c], plans[c], alpha)
+
+    def finish_columns(self, stat, grids: Mapping, plans: Mapping, alpha: Fraction):
+        (c,) = grids
+        return interval_columns(grids[c], plans[c], alpha, at_least_zero=True)
 
 
 @register

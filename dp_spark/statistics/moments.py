@@ -75,7 +75,8 @@ from dp_spark.mechanisms.mean import mean_cell_accuracy, mean_error_quantile, me
 from dp_spark.core.fields import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
-from dp_spark.statistics.noise import cell, expected_abs, halfwidth, joint_alpha, law_nodes, plugin_error, stddev
+from dp_spark.statistics.noise import (cell, expected_abs, halfwidth, interval_columns, joint_alpha, law_nodes,
+                                      plugin_error, stddev)
 
 DEFAULT_GROUP_SIZE = 100
 
@@ -280,6 +281,12 @@ class Sum(StatisticKind):
         p = plans[c]
         v, h = noisy[c], halfwidth(p, alpha)
         return cell(v, v - h, v + h, plan=p, sd=stddev(p), expected=expected_abs(p))
+
+    def finish_columns(self, stat, grids, plans, alpha):
+        if len(grids) != 1:  # the sum from the shared row count and the normalised sum
+            return None
+        (c,) = grids
+        return interval_columns(grids[c], plans[c], alpha, at_least_zero=False)
 
 
 @register

@@ -41,6 +41,8 @@ from fractions import Fraction
 from itertools import product
 from typing import Any, Mapping, Optional
 
+import numpy as np
+
 from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.core.events import ComposedEvent
@@ -48,7 +50,7 @@ from dp_spark.statistics.base import kind_of
 
 _QUANTUM = 10**6
 #: noise is drawn on the driver: a bound on the draws of one release (key tuples x entries)
-MAX_NOISY_ENTRIES = 2_000_000
+MAX_NOISY_ENTRIES = 10_000_000
 
 
 def key_tuples(key_sets) -> list[tuple[str, ...]]:
@@ -199,10 +201,18 @@ class QueryPlan:
         cross product of the public key sets (a release with private keys passes the selected
         cells). Returns the cells (driver memory only: never log them before the write commits).
         When ``components`` is a dict, each component's noisy values (real units) are put in it,
-        ``{component: {key: value or [values]}}`` (for merging small groups: post-processing)."""
+        ``{component: {key: value or [values]}}`` (for merging small groups: post-processing).
+
+        Vectorised over cells: each component's true values and noisy values are numpy integer
+        vectors (:func:`~dp_spark.mechanisms.release.add_noise_array`: the same draws, in the
+        same order, as one ``source`` call per component), and a kind with a vectorised
+        post-processing (:meth:`~dp_spark.statistics.base.StatisticKind.finish_columns`: count,
+        distinct_units, sum) computes its values and intervals as float64 vectors, equal to
+        its per-cell ``finish`` (exact integers times a power of two). The other kinds, and
+        values beyond 2^53 grid units, take the per-cell ``finish`` on exact Fractions."""
         from dataclasses import replace as _replace
 
-        from dp_spark.mechanisms.release import add_noise
+        from dp_spark.mechanisms.release import add_noise_array
 
         spec = self.spec
         if tuples is None:
@@ -210,35 +220,104 @@ class QueryPlan:
                 raise DpSparkError("internal: a release with private keys needs its selected key tuples")
             tuples = key_tuples(spec.key_sets)
         alpha = 1 - spec.confidence
-        noisy: dict = {}
+        n = len(tuples)
+        grids: dict = {}
         for comp, plan in zip(self.components, self.statistics):
-            true: list[int] = []
-            for i in range(len(tuples)):
-                true.extend(comp.true_values(partials.get(i, {})))
+            true = true_vector(comp, partials, n)
             if plan.cells != len(true):
                 if not spec.private_key_sets or len(true) > plan.cells:
                     raise DpSparkError("internal: the cells do not match the plan")
                 # the selected cells, fewer than the most the plan allowed (the privacy cost
                 # does not depend on the number of cells); no draw at all for no cell
                 plan = _replace(plan, event=_replace(plan.event, cells=max(1, len(true))))
-            unit = plan.grid_unit
-            noisy[comp] = ([Fraction(v) * unit for v in add_noise(plan, true, source)] if true else [])
+            grids[comp] = add_noise_array(plan, true, source) if len(true) else np.zeros(0, dtype=np.int64)
+        exact: dict = {}
+
+        def fractions(comp) -> list:  # a component's noisy values in real units, exact
+            if comp not in exact:
+                unit = self.plan_of(comp).grid_unit
+                exact[comp] = [Fraction(int(v)) * unit for v in grids[comp].tolist()]
+            return exact[comp]
+
         names = [ks.column for ks in spec.key_sets]
+        keys = [canonical_key(spec.key_sets, t) for t in tuples]
         if components is not None:
-            for comp, values in noisy.items():
-                w = comp.width
-                components[comp] = {canonical_key(spec.key_sets, t): (values[i] if w == 1 else values[i * w:(i + 1) * w])
-                                    for i, t in enumerate(tuples)}
+            for comp in self.components:
+                values, w = fractions(comp), comp.width
+                components[comp] = {keys[i]: (values[i] if w == 1 else values[i * w:(i + 1) * w])
+                                    for i in range(n)}
         cells: list[dict[str, Any]] = []
         for stat, comps in zip(spec.statistics, self.stat_components):
             kind = kind_of(stat.kind)
             plans = {c: self.plan_of(c) for c in comps}
+            cols = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, alpha)
+            if cols is not None:
+                value, lo, hi = (cols.pop(f).tolist() for f in ("value", "ci_low", "ci_high"))
+                for i, values in enumerate(tuples):
+                    cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)),
+                                  "value": value[i], "ci_low": lo[i], "ci_high": hi[i], **cols})
+                continue
+            noisy = {c: fractions(c) for c in comps}
             for i, values in enumerate(tuples):
                 mine = {c: (noisy[c][i] if c.width == 1 else noisy[c][i * c.width:(i + 1) * c.width]) for c in comps}
                 out = kind.finish(stat, mine, plans, alpha)
-                cells.append({"statistic": stat.name, "key": canonical_key(spec.key_sets, values),
-                              "keys": dict(zip(names, values)), **out})
+                cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)), **out})
         return cells
+
+
+class PartialColumns(Mapping):
+    """The collected partials as columns: ``index`` the sorted indices of the cells present
+    in the data (int64, distinct), ``columns`` one int64 vector per partial, aligned with it.
+    A read-only ``{cell index: {partial: int}}`` mapping (what the backends return), without
+    one Python object per cell; :func:`true_vector` reads the columns directly."""
+
+    def __init__(self, index: np.ndarray, columns: Mapping[str, np.ndarray]):
+        self.index = np.asarray(index, dtype=np.int64)
+        self.columns = {k: np.asarray(v, dtype=np.int64) for k, v in columns.items()}
+        if self.index.size and bool(np.any(np.diff(self.index) <= 0)):
+            raise DpSparkError("internal: partial columns need sorted, distinct cell indices")
+
+    def _pos(self, i) -> int:
+        pos = int(np.searchsorted(self.index, i))
+        if pos >= self.index.size or int(self.index[pos]) != i:
+            raise KeyError(i)
+        return pos
+
+    def __getitem__(self, i) -> dict[str, int]:
+        pos = self._pos(i)
+        return {k: int(v[pos]) for k, v in self.columns.items()}
+
+    def __iter__(self):
+        return iter(self.index.tolist())
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    def dense(self, name: str, n: int) -> np.ndarray:
+        """Partial ``name`` over cells 0..n-1 (zeros where a cell is absent or lacks it)."""
+        out = np.zeros(n, dtype=np.int64)
+        col = self.columns.get(name)
+        if col is not None and self.index.size:
+            keep = self.index < n
+            out[self.index[keep]] = col[keep]
+        return out
+
+
+def true_vector(comp, partials: Mapping[int, Mapping[str, int]], n: int) -> np.ndarray:
+    """A component's exact grid integers over cells 0..n-1 (``width`` per cell), from the
+    collected partials (absent cells are zeros): ``int64``, or ``object`` when one does not fit."""
+    from dp_spark.mechanisms.samplers import as_int_array
+
+    empty: dict = {}
+    if comp.kind in ("rows", "units"):
+        name = "dp_rows" if comp.kind == "rows" else "dp_units"
+        if isinstance(partials, PartialColumns):
+            return partials.dense(name, n)
+        return np.fromiter((partials.get(i, empty).get(name, 0) for i in range(n)), dtype=np.int64, count=n)
+    out: list[int] = []
+    for i in range(n):
+        out.extend(comp.true_values(partials.get(i, empty)))
+    return as_int_array(out)
 
 
 def plan_query(spec) -> QueryPlan:

@@ -66,7 +66,7 @@ def _spec(bounds, *, statistics=ALL_KINDS, group_by=None, where=None, unit="user
     d = {"name": "equiv", "dataset": "x", "privacy_unit": {"kind": "user", "column": unit},
          "group_by": group_by or {"column": "region", "public_keys": {"values": REGIONS}},
          "bounds": bounds, "statistics": statistics,
-         "budget": budget or {"id": "b", "measure": "zcdp", "rho": 1}, "max_cells": 10_000}
+         "budget": budget or {"id": "b", "measure": "zcdp", "rho": 1}, "max_cells": 20_000}
     if where is not None:
         d["where"] = where
     if neighbouring is not None:
@@ -104,6 +104,12 @@ CASES = {
     # two public key columns (string x date), L0 < cells, no Linf, and a where
     "two_keys_where": dict(bounds={"max_rows_per_unit": 8, "max_partitions_per_unit": 3},
                            group_by=BY_REGION_DAY, where="n >= 3 AND region <> 'r_1'", py_where=_where_n_region),
+    # a large public key set (the key lookup is a broadcast join, not a scan): 3,000 keys of
+    # which the data holds a few, L0 < cells
+    "many_keys": dict(bounds={"max_rows_per_unit": 4, "max_partitions_per_unit": 2},
+                      group_by={"column": "region", "public_keys": {"values": [f"z_{i}" for i in range(1500)]
+                                                                    + REGIONS + [f"y_{i}" for i in range(1500)]}},
+                      statistics=ALL_KINDS[:3]),
     # cell limit without L0 (L0 >= cells, Linf < K)
     "linf_no_l0": dict(bounds={"max_rows_per_unit": 9, "max_partitions_per_unit": 15, "max_rows_per_partition": 2},
                        group_by=BY_REGION_DAY),
@@ -213,6 +219,23 @@ def test_private_keys_candidates_and_selection_equal(spark, seed):
         t = (DAYS[p_idx].isoformat(), *priv)
         if t in index:
             assert spark_partials[index[t]] == partials
+
+
+def test_key_lookup_is_a_broadcast_join_and_never_clashes(spark):
+    """The key index comes from a broadcast hash join (no literal array of the keys in the
+    plan), and a user column named like the join's temporary columns is left alone."""
+    from chispa import assert_df_equality
+
+    from dp_spark.backends.spark import join_key_index
+
+    df = spark.createDataFrame([("a", 1), ("c", 2), (None, 3), ("x", 4), ("b", 5)],
+                               "k string, dp_key_k long")
+    joined, idx = join_key_index(df, "k", ["b", "a", "c"])
+    got = joined.select("k", "dp_key_k", idx.alias("i"))
+    want = spark.createDataFrame([("a", 1, 1), ("c", 2, 2), ("b", 5, 0)], "k string, dp_key_k long, i long")
+    assert_df_equality(got, want, ignore_row_order=True, ignore_nullable=True)
+    plan = got._jdf.queryExecution().executedPlan().toString()
+    assert "BroadcastHashJoin" in plan and "array_position" not in plan
 
 
 def test_spark_xxhash64_matches_spark(spark):

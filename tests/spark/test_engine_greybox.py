@@ -69,7 +69,7 @@ def datasets(spark):
     return d, d.unionByName(heavy)
 
 
-_REAL_ADD_NOISE = release_mod.add_noise
+_REAL_ADD_NOISE = release_mod.add_noise_array  # QueryPlan.noise's one call per component
 
 
 def _replay(spark, df, spec, monkeypatch):
@@ -77,10 +77,10 @@ def _replay(spark, df, spec, monkeypatch):
     real = _REAL_ADD_NOISE
 
     def recording(plan, true_values, source):
-        calls.append((plan, list(true_values)))
+        calls.append((plan, [int(v) for v in true_values]))
         return real(plan, true_values, source)
 
-    monkeypatch.setattr(release_mod, "add_noise", recording)
+    monkeypatch.setattr(release_mod, "add_noise_array", recording)
     plan = plan_for(spec)  # the one path: a single-metric spec runs as its rewrite
     partials = collect_query_partials(build_query_partials(df, plan, "salt"), plan)
     plan.noise(partials, OpenDPNoiseSource())

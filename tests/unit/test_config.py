@@ -131,7 +131,7 @@ def test_many_segments_guard():
     s = spec(group_by={"column": "region", "public_keys": {"values": keys}}, max_cells=2000)
     assert s.cells == 1001
     with pytest.raises(ConfigError, match="max_cells"):
-        spec(max_cells=10**6)
+        spec(max_cells=10**8)  # above the hard limit (10M)
 
 
 def test_for_keys_restricts_and_caps_l0():

@@ -10,6 +10,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dp_spark.errors import ConfigError, InvalidBudgetError, TestModeError
@@ -367,3 +368,20 @@ def test_to_grid_round_half_even_exact():
         to_grid(1, 1)
     with pytest.raises(InvalidBoundsError):
         from_grid(1.0, -2)  # type: ignore[arg-type]
+
+
+def test_draw_array_saturated_draws_take_the_exact_tail():
+    # the array path of the production source: the same tail redraw as the list path
+    src = OpenDPNoiseSource()
+    out = src.draw_array("discrete_laplace", Fraction(2**70), 300)
+    assert out.dtype == object and len(out) == 300
+    assert all(int(x) not in (2**63 - 1, -(2**63)) for x in out)
+    assert sum(abs(int(x)) > 2**63 for x in out) > 200
+    small = src.draw_array("discrete_gaussian", Fraction(3), 1000)
+    assert small.dtype == np.int64 and small.shape == (1000,) and 1 < float(np.std(small)) < 5
+
+
+def test_draw_array_of_a_seeded_source_is_its_draw(test_mode):
+    a, b = SeededNoiseSource(11), SeededNoiseSource(11)
+    for kind, scale in (("discrete_laplace", Fraction(7, 2)), ("discrete_gaussian", Fraction(5))):
+        assert a.draw_array(kind, scale, 50).tolist() == b.draw(kind, scale, 50)

@@ -247,8 +247,8 @@ def test_the_privacy_core_imports_without_pyspark():
 
 def test_too_many_noisy_entries_are_refused_before_any_data():
     d = base()
-    d["max_cells"] = 100_000
-    d["group_by"][1]["public_keys"]["values"] = [f"r{i}" for i in range(1000)]  # 30 x 1000 tuples
+    d["max_cells"] = 1_000_000
+    d["group_by"][1]["public_keys"]["values"] = [f"r{i}" for i in range(10_000)]  # 30 x 10,000 tuples
     d["statistics"] = [{"name": "m", "kind": "quantile", "q": 0.5, "column": "order_value", "lower": 0,
                         "upper": 500, "bins": 100}]
     with pytest.raises(ConfigError, match="noisy entries"):
