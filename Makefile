@@ -25,6 +25,12 @@ COMPAT_TESTS := tests/unit tests/spark
 # compat run keeps every Spark / JVM test and every quick pure one (the Python 3.12 axis)
 COMPAT_MARKERS := spark or jvm or not slow
 
+# pytest-xdist workers for make test / test-fast / test-compat (--dist loadgroup: the in-process
+# Spark tests stay on one worker and one session, tests/conftest.py); PYTEST_WORKERS=0 runs serially
+PYTEST_WORKERS ?= 2
+export PYTEST_WORKERS
+XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
+
 .PHONY: setup jars demo test test-fast lint test-cluster test-connect test-deploy \
 	setup-compat jars-compat test-compat print-compat-python clean
 
@@ -65,18 +71,21 @@ test-compat: setup-compat
 	    v = (sys.version.split()[0], pyspark.__version__, m.version('delta-spark')); print('compat:', v); \
 	    assert v[0].startswith('3.12.') and v[1].startswith('4.0.') and v[2].startswith('4.0.'), v"
 	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
-	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 \
-	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 -m "$(COMPAT_MARKERS)" $(COMPAT_TESTS)
+	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 DP_SPARK_WHERE_FUZZ=sample \
+	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 $(XDIST) -m "$(COMPAT_MARKERS)" $(COMPAT_TESTS)
 
 print-compat-python:
 	@echo $(COMPAT_PYTHON)
 
-# README command 1: set up, generate the demo data, publish the DAU trend and the AOV
-# per region on the embedded default (local Spark, local Delta warehouse, SQLite ledger).
+# README command 1: set up, generate the demo data, publish the DAU trend, the AOV per region
+# and the DAU / WAU / MAU series on the embedded default (local Spark, local Delta warehouse,
+# SQLite ledger), then print the series.
 demo: setup
 	$(VENV)/bin/dp-spark generate-demo --env conf/envs/local.yaml
 	$(PY) jobs/publish_release.py --env conf/envs/local.yaml \
-	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml
+	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml \
+	    --conf conf/releases/wau_mau_daily.yaml
+	$(VENV)/bin/dp-spark show --env conf/envs/local.yaml --family wau_mau_daily
 
 # README command 2: the whole test suite, statistical tests and PostgreSQL included.
 test: setup
@@ -94,7 +103,7 @@ lint: setup
 
 test-fast: setup
 	JAVA_HOME=/nonexistent/test-fast-has-no-jvm DP_SPARK_TEST_MODE=1 \
-	    $(PY) -m pytest -q -rs -p no:cacheprovider --durations=10 -m "$(FAST_MARKERS)"
+	    $(PY) -m pytest -q -rs -p no:cacheprovider --durations=10 $(XDIST) -m "$(FAST_MARKERS)"
 
 # Only the deployment tests, each with its service started and stopped around it.
 test-cluster: setup

@@ -34,7 +34,7 @@ from dp_spark.governance.access import (
     resolve_principal_with_source,
 )
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.base import UnknownBudgetError
+from dp_spark.ledger.records import UnknownBudgetError
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.schedule import DayResult, backfill, day_spec, days_between, today_utc
 
@@ -42,7 +42,7 @@ log = logging.getLogger("dp_spark.commands")
 
 __all__ = ["DEFAULT_ENV", "ENV_VAR", "BatchRefusedError", "BatchResult", "Checker", "DemoData", "Outcome",
            "SpecCheck", "accept_policy", "checker", "env_for", "generate_demo", "load_specs", "plan_rows",
-           "publish_batch", "refresh", "resolve_env", "rollback", "unexpected"]
+           "publish_batch", "refresh", "resolve_env", "rollback", "show_family", "unexpected"]
 
 def env_for(given: Optional[str], environ: Optional[Mapping[str, str]] = None) -> EnvConfig:
     """The loaded env (:func:`resolve_env`)."""
@@ -144,7 +144,10 @@ def refresh(env: EnvConfig, spec_paths: Sequence[str], start: date, end: date, *
             on_day: Optional[Callable[[DayResult], None]] = None, engine: Any = None) -> list[DayResult]:
     """Publish each day of ``start..end`` of each day-keyed spec (:func:`dp_spark.schedule.backfill`).
     Every day of every spec is checked before Spark starts; the ledger mirror and the statements
-    are rebuilt once for the batch. ``engine``: reuse one (tests, notebooks)."""
+    are rebuilt once for the batch. In official mode each spec's family is then rewritten as a
+    series, ``<output_root>/<family>_current`` (one row per day and statistic: the latest
+    version of each day that is not withdrawn, :func:`dp_spark.governance.versions.series_view`).
+    ``engine``: reuse one (tests, notebooks)."""
     if end < start:
         raise ConfigError(f"--to {end} is before --from {start}")
     # relative date keys (``end: today``) resolve against the job's last day, never the data
@@ -162,6 +165,11 @@ def refresh(env: EnvConfig, spec_paths: Sequence[str], start: date, end: date, *
         for s in specs:
             results += backfill(engine, s, start, end, republish=republish, stop_on_error=not keep_going,
                                 on_day=on_day)
+            if mode == "official":  # the family as a series: <output_root>/<family>_current
+                from dp_spark.governance.versions import series_current_path, write_series_current
+
+                write_series_current(engine.spark, engine.table_path(s), engine.ledger, s.family,
+                                     series_current_path(env.output_root, s.family))
     finally:
         if owned:
             try:
@@ -277,6 +285,29 @@ def accept_policy(env: EnvConfig, budget_id: str, reason: str, *, spark: Any = N
     with open_ledger(env.ledger_url) as ledger:
         authorize(access, principal, "admin", ledger=ledger, spec_name=f"accept-policy:{budget_id}")
         return principal, ledger.accept_policy(policies[budget_id], principal=principal, reason=reason.strip())
+
+
+def show_family(env: EnvConfig, family: str, *, series: bool = False) -> list[dict[str, Any]]:
+    """The published rows of a release family's current version (official mode), sorted by key
+    and statistic: ``{key, statistic, value, ci_low, ci_high, suppressed}`` each. ``series``:
+    the family as a series instead (each key's latest version not withdrawn, as a daily
+    refresh publishes it: :func:`dp_spark.governance.versions.series_view`). Reads the
+    family's release table (``<output_root>/<family>``) and the ledger's version record;
+    charges nothing, draws no noise."""
+    from dp_spark.delta.release_table import table_exists
+    from dp_spark.governance.versions import published_view, series_view
+    from dp_spark.spark import get_or_create_session
+
+    precheck.require_existing_ledger(env.ledger_url)
+    spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
+    path = f"{env.output_root}/{family}"
+    if not table_exists(spark, path):
+        raise ConfigError(f"family {family!r} has no release table under the env's output_root")
+    cols = ["key", "statistic", "value", "ci_low", "ci_high", "suppressed"]
+    with open_ledger(env.ledger_url) as ledger:
+        view = series_view if series else published_view
+        rows = view(spark, path, ledger, family).select(*cols).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: (r["key"], r["statistic"]))
 
 
 @dataclass(frozen=True)

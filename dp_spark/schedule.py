@@ -43,6 +43,10 @@ from dp_spark.errors import ConfigError, DpSparkError
 log = logging.getLogger("dp_spark.schedule")
 
 __all__ = [
+    "SCHEDULES",
+    "ScheduleCost",
+    "schedule_cost",
+    "runs_per_window",
     "BudgetWindow",
     "DayResult",
     "PriorRelease",
@@ -61,6 +65,84 @@ SERVED = frozenset({"published", "cache_hit", "healed", "republished", "degraded
 STALE = frozenset({"snapshot_changed", "code_changed"})
 #: a day that failed, or was not attempted because an earlier day failed
 FAILED = frozenset({"error", "skipped"})
+
+
+# --------------------------------------------------------------------------------------
+# What a schedule costs per budget window (public parameters only)
+# --------------------------------------------------------------------------------------
+#: how often a scheduled job runs, and the shortest time between two runs (days)
+SCHEDULES = {"daily": 1, "weekly": 7, "monthly": 28}
+
+
+def runs_per_window(schedule: str, window: Any) -> Optional[int]:
+    """The most runs of ``schedule`` that one window of a budget can hold (``window``: its
+    :class:`~dp_spark.ledger.policy.WindowPolicy`); None for a budget without a window, which
+    no recurring schedule fits. A UTC day holds 1 run; a calendar month (up to 31 days,
+    half-open) ceil(31 / period); a rolling window of N days counts the entries at or after
+    now - N days, both ends included: floor(N / period) + 1."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"a schedule is one of {sorted(SCHEDULES)}")
+    period = SCHEDULES[schedule]
+    if window.kind == "none":
+        return None
+    if window.kind == "daily":
+        return 1
+    if window.kind == "monthly":
+        return 1 if schedule == "monthly" else -(-31 // period)
+    return window.days // period + 1
+
+
+@dataclass(frozen=True)
+class ScheduleCost:
+    """What the scheduled specs charged to one budget cost in one window, at most.
+
+    ``items``: (spec name, runs or new days per window, charge of one, cost per window) each. A
+    day-keyed spec (grouped by declared dates) is refreshed a day at a time, each day charged
+    once, whatever the schedule: its cost per window is the most days a window holds times
+    its charge. Any other spec is a new release at each run (its input changed): the most
+    runs a window holds times its charge. ``runs`` None: the budget has no window."""
+
+    budget_id: str
+    window: str
+    cap: Budget
+    items: tuple
+    total: Optional[Budget]
+
+    @property
+    def fits(self) -> bool:
+        return self.total is not None and self.total.fits_in(self.cap)
+
+
+def schedule_cost(jobs: list, policies: dict) -> list[ScheduleCost]:
+    """Per budget, the cost of ``jobs`` -- (ReleaseSpec, schedule) pairs: each spec run on its
+    schedule -- against the cap of its policy (``policies``: budget id -> BudgetPolicy):
+    nothing read, nothing charged."""
+    by_budget: dict[str, list] = {}
+    for spec, schedule in jobs:
+        if spec.budget_id not in policies:
+            raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' is not declared in the policies")
+        by_budget.setdefault(spec.budget_id, []).append((spec, schedule))
+    out = []
+    for budget_id, mine in by_budget.items():
+        policy = policies[budget_id]
+        items: list[tuple] = []
+        total: Optional[Budget] = None
+        unbounded = False
+        for spec, schedule in mine:
+            per_day = spec.date_key_set is not None
+            n = runs_per_window("daily" if per_day else schedule, policy.window)
+            if n is None:
+                unbounded = True
+                items.append((spec.name, None, spec.charge, None))
+                continue
+            cost = spec.charge * n
+            items.append((spec.name, n, spec.charge, cost))
+            total = cost if total is None else total + cost
+        w = policy.window
+        label = w.kind if w.kind != "rolling" else f"rolling {w.days} days"
+        out.append(ScheduleCost(budget_id=budget_id, window=label, cap=policy.cap, items=tuple(items),
+                                total=None if unbounded else total))
+    return out
 
 
 # --------------------------------------------------------------------------------------

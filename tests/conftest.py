@@ -11,6 +11,11 @@ Markers are given from what a test needs, not by hand (``pytest_collection_modif
 * ``slow`` (besides the statistical tests marked by hand): the long pure tests in
   :data:`LONG_TESTS`.
 
+``make test`` and ``make test-fast`` run on two pytest-xdist workers with ``--dist loadgroup``:
+every ``spark`` test is in the group ``spark`` (:data:`SPARK_GROUP`), so they all run on one
+worker, in order, on one session (a session takes ~10 s to start and a second one would share
+the two cores); the other tests (pure, PostgreSQL, a JVM of their own) spread over both.
+
 ``make test-fast`` runs ``-m "not spark and not pg and not jvm and not slow"`` with no JVM on
 the path (a test that starts one without its marker fails there instead of being slow);
 ``make test`` runs every test, whatever its markers.
@@ -44,6 +49,8 @@ LONG_TESTS = frozenset({
 })
 PG_FILES = frozenset({"ledger/test_durability.py"})
 PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
+#: the xdist group of every ``spark`` test (``--dist loadgroup``): one worker, one session
+SPARK_GROUP = "spark"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook of the same name)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give each test the markers of what it needs (module docstring)."""
     tests_dir = Path(__file__).resolve().parent
@@ -66,6 +74,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "spark" in fixtures or rel.startswith("spark/"):
             item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
         if fixtures & PG_FIXTURES or params.get("ledger_factory") == "postgres" or rel in PG_FILES:
             item.add_marker(pytest.mark.pg)
         test_id = f"{rel}::{getattr(item, 'originalname', item.name)}"

@@ -12,8 +12,11 @@ Spark (``make test-fast``)::
       -> where: a Python predicate (see below); null / NaN values of every value column
          dropped, -0.0 -> 0.0
       -> public keys: cast to string, kept when declared; the cell is the key tuple's index in
-         the cross product (row-major); private keys: non-null, the cell is (public index,
-         private values as strings)
+         the cross product (row-major); a bucketed date key (week, month): the declared day's
+         bucket; private keys: non-null, the cell is (public index, private values as strings)
+      -> rolling windows (dp_spark.statistics.plan.DateFeeds): a row becomes one row per
+         (day, window) cell it feeds, the cell ``index * windows + w``; everything below bounds
+         these cells; the partials are split back per window at the end (``<partial>@N``)
       -> neighbouring 'event': one row per event id, ids with two different rows dropped
       -> bounding, by the same keyed priorities as the Spark path (Spark's xxhash64, seed 42,
          over (salt, "partition", unit, cell) and (salt, "row", unit, cell, values...)):
@@ -53,7 +56,7 @@ import xxhash
 from dp_spark.spec.runtime import PrivateKeys
 from dp_spark.errors import ConfigError, SchemaError
 from dp_spark.statistics.components import SUM_PART_BITS
-from dp_spark.statistics.plan import key_tuples
+from dp_spark.statistics.plan import date_feeds, key_tuples, split_windows
 from dp_spark.statistics.selection import keep_over_threshold, limit_keys
 from dp_spark.core.units import Neighbouring
 
@@ -243,7 +246,14 @@ def query_partials(rows: Iterable[Row], plan, salt: str, *, where: Optional[Call
 
     public, private = spec.public_key_sets, spec.private_key_sets
     cell_type = "long" if not private else "struct"
-    index = [{k: i for i, k in enumerate(ks.values)} for ks in public]
+    feeds = date_feeds(spec)  # rolling windows: a row feeds several (day, window) cells
+    n_w = 1 if feeds is None else feeds.n_windows
+    # the index of each key in its column: a bucket maps its declared days to their bucket;
+    # the windowed date column contributes 0 (its feeds add the day's part below)
+    index = [ks.bucket_index() if ks.bucket is not None
+             else {d: 0 for d in feeds.days} if feeds is not None and ks.column == feeds.column
+             else {k: i for i, k in enumerate(ks.values)} for ks in public]
+    targets = {} if feeds is None else dict(zip(feeds.days, feeds.targets))
     table = []  # (unit, cell, values...) as the Spark path selects them
     for r in rows:
         cell = 0
@@ -259,7 +269,11 @@ def query_partials(rows: Iterable[Row], plan, salt: str, *, where: Optional[Call
                 if any(p is None for p in priv):
                     continue
                 cell = (cell, tuple(_as_string(p, types[ks.column]) for p, ks in zip(priv, private)))
-            table.append((r[unit], cell, *[r[v] for v in value_cols]))
+            if feeds is None:
+                table.append((r[unit], cell, *[r[v] for v in value_cols]))
+            else:
+                day = _as_string(r[feeds.column], types[feeds.column])
+                table.extend((r[unit], cell * n_w + t, *[r[v] for v in value_cols]) for t in targets[day])
 
     if spec.neighbouring is Neighbouring.EVENT:
         by_id: dict = defaultdict(set)
@@ -339,7 +353,7 @@ def query_partials(rows: Iterable[Row], plan, salt: str, *, where: Optional[Call
         for c, units in pairs.items():
             out.setdefault(c, dict(names))["dp_units"] = len(units)
     if not private:
-        return LocalPartials(cells=out)
+        return LocalPartials(cells=out if feeds is None else split_windows(spec, out))
     per_tuple: dict = defaultdict(set)
     for t in bounded:
         per_tuple[t[1][1]].add(t[0])

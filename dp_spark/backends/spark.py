@@ -7,7 +7,11 @@
       -> drop_null_units; where (public, row-wise predicate); value policy per value column
          (null / NaN rows dropped: every statistic of the release counts the same rows)
       -> keys cast to string, restricted to each column's public key set
-      -> dp_cell: the key tuple's index in the cross product (long; public keys only)
+      -> dp_cell: the key tuple's index in the cross product (long; public keys only); a
+         bucketed date key (week, month) maps each declared day to its bucket's index
+      -> rolling windows: a broadcast join with the date feeds (dp_spark.statistics.plan.DateFeeds)
+         makes each row one row per (day, window) cell it feeds: dp_cell = index * windows + w;
+         the bounding below cuts these cells as any others; collect splits them per window
       -> neighbouring 'event' only: keep_unique_events(unit)   one row per event id; ids with
                                                two different rows dropped (one more shuffle)
       -> bound_contributions(unit, dp_cell)    ONE shuffle by the unit: <= L0 key tuples,
@@ -50,6 +54,7 @@ from dp_spark.backends.bounding import (
 )
 from dp_spark.core.units import Neighbouring
 from dp_spark.statistics.components import SUM_PART_BITS, Component
+from dp_spark.statistics.plan import date_feeds, split_windows
 
 CELL = "dp_cell"
 PUB, PRIV, SEL = "p", "k", "dp_sel"  # the cell struct's fields with private keys; the noisy count
@@ -192,11 +197,33 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     for v in value_cols:
         df = apply_value_policy(df, value_col=v)
     cell = F.lit(0).cast(T.LongType())
+    feeds = date_feeds(spec)  # rolling windows: a row feeds several (day, window) cells
     for ks in spec.public_key_sets:
         k = column_ref(ks.column).cast(T.StringType())
-        idx = F.array_position(F.array(*[F.lit(x) for x in ks.values]), k)  # 1-based, 0 when absent
-        df = df.where(k.isNotNull() & (idx > 0))
+        if feeds is not None and ks.column == feeds.column:
+            # the day's part comes from its feeds (joined below); the rows of undeclared days,
+            # and of days no window reaches, have none and are dropped by the join
+            df = df.where(k.isNotNull())
+            cell = cell * F.lit(len(ks.values)).cast(T.LongType())
+            continue
+        days = ks.days if ks.bucket is not None else ks.values
+        pos = F.array_position(F.array(*[F.lit(x) for x in days]), k)  # 1-based, 0 when absent
+        df = df.where(k.isNotNull() & (pos > 0))
+        if ks.bucket is not None:  # a declared day -> the index of its week or month
+            at = ks.bucket_index()
+            idx = F.when(pos > 0, F.element_at(F.array(*[F.lit(at[d] + 1) for d in days]), pos.cast(T.IntegerType())))
+        else:
+            idx = pos
         cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + (idx - 1).cast(T.LongType())
+    if feeds is not None:
+        # schema of the feeds: day string, t long -- one row per (day, expanded cell offset)
+        day_col, t_col = _free_name("dp_feed_day", spec.columns), _free_name("dp_feed_t", spec.columns)
+        feed_rows = [(d, t) for d, ts in zip(feeds.days, feeds.targets) for t in ts]
+        feed_df = df.sparkSession.createDataFrame(
+            feed_rows, T.StructType([T.StructField(day_col, T.StringType(), False),
+                                     T.StructField(t_col, T.LongType(), False)]))
+        df = df.join(F.broadcast(feed_df), column_ref(feeds.column).cast(T.StringType()) == F.col(day_col))
+        cell = cell * F.lit(feeds.n_windows).cast(T.LongType()) + F.col(t_col)
     private = spec.private_key_sets
     if private:
         # keys found privately: the cell is (public tuple index, private key values); rows
@@ -213,7 +240,9 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         # per id, but an added row with an existing id could replace it (L1 = 2)
         df = keep_unique_events(df, unit_col=unit)
     b = spec.bounds
-    cells = spec.cells  # with private keys an upper bound: L0 is then always enforced
+    # with private keys an upper bound: L0 is then always enforced; with windows, the
+    # expanded (key tuple, window) cells
+    cells = spec.cells * (1 if feeds is None else feeds.n_windows)
     before_rows_cut = df
     l0 = b.max_partitions_per_unit if (b.max_partitions_per_unit < cells or private) else None
     linf = b.max_rows_per_partition
@@ -328,7 +357,7 @@ def collect_query_partials(df: DataFrame, plan):
     (in ``group_by`` order: the public key tuples x the selected private tuples) and the
     partials indexed into it."""
     spec = plan.spec
-    n = spec.cells
+    n = spec.cells * len(spec.windows)  # with windows: the expanded (key tuple, window) cells
     if spec.private_key_sets:
         return _collect_private(df, plan)
     rows = df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)).limit(n + 1).collect()
@@ -339,7 +368,7 @@ def collect_query_partials(df: DataFrame, plan):
         if i in out:
             raise SchemaError("partials hold more than one row for a key tuple")
         out[i] = {k: int(v or 0) for k, v in d.items()}
-    return out
+    return split_windows(spec, out) if spec.windowed else out
 
 
 def _collect_private(df: DataFrame, plan):

@@ -1,7 +1,7 @@
 """The ``dp-spark`` command (click): one group, one function per command.
 
     dp-spark publish | plan | validate | explore | refresh | backfill | budget ... | rollback
-             | generate-demo | schema
+             | show | generate-demo | schema
 
 Thin: arguments -> one function of :mod:`dp_spark.commands` (or the engine's API) -> printed
 lines and an exit status. Every path, table name, the ledger and the budget policies come from
@@ -50,7 +50,7 @@ from dp_spark.evaluation import explorer
 from dp_spark.governance import statement_dir
 from dp_spark.ledger.policy import load_policies
 from dp_spark.report import print_failure, print_summary
-from dp_spark.schedule import FAILED, SERVED, STALE, format_day, parse_day
+from dp_spark.schedule import FAILED, SCHEDULES, SERVED, STALE, format_day, parse_day, schedule_cost
 
 __all__ = ["COMMANDS", "DEFAULT_ENV", "ENV_VAR", "EXIT_CLOSED_PIPE", "app", "closed_pipe_safe", "command",
            "explore_main", "generate_demo_main", "main", "parse_args", "plan_main", "plan_rows", "publish_main",
@@ -237,12 +237,17 @@ def _selection_line(r: dict) -> str:
 @click.option("--group-size", type=int, default=None,
               help="rows per cell at which to state the expected error (default: each statistic's "
                    "assumed_group_size, else 100)")
-def plan(env: Optional[str], conf: tuple[str, ...], group_size: Optional[int]) -> int:
+@click.option("--schedule", type=click.Choice(sorted(SCHEDULES)), default=None,
+              help="also print what running these specs on this schedule costs per window of each budget, "
+                   "against its cap; exit 2 when it does not fit")
+def plan(env: Optional[str], conf: tuple[str, ...], group_size: Optional[int], schedule: Optional[str]) -> int:
     try:
         env_config = commands.env_for(env)
         policies = load_policies(env_config.policies)
+        specs = []
         for path in conf:
             spec = load_release_spec(path)
+            specs.append(spec)
             if spec.budget_id not in policies:
                 raise DpSparkError(f"{path}: budget '{spec.budget_id}' is not declared in {env_config.policies}")
             policy = policies[spec.budget_id]
@@ -263,10 +268,36 @@ def plan(env: Optional[str], conf: tuple[str, ...], group_size: Optional[int]) -
                 print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} at {r['group_size']:,} rows/cell: "
                       f"E|error| {r['expected_abs_error']:.4g}, {float(spec.confidence):.0%} half-width "
                       f"{r['interval_half_width']:.4g}  <- {comps}")
+        if schedule is not None and not _schedule_report(specs, schedule, policies):
+            return 2
     except DpSparkError as exc:
         error(str(exc))
         return 2
     return 0
+
+
+def _schedule_report(specs: list, schedule: str, policies: dict) -> bool:
+    """Print what running ``specs`` on ``schedule`` costs per window of each budget, against
+    its cap (dp_spark.schedule.schedule_cost); False (after an error line) when one does not fit."""
+    fits = True
+    for cost in schedule_cost([(spec, schedule) for spec in specs], policies):
+        print(f"== schedule {schedule}: budget {cost.budget_id} ({cost.window} window), cap {cost.cap}")
+        for name, n, charge, total in cost.items:
+            if n is None:
+                print(f"   {name:<24} no window: a recurring schedule spends the cap for good")
+                continue
+            what = "new days (each day charged once)" if any(
+                sp.name == name and sp.date_key_set is not None for sp in specs) else "runs"
+            print(f"   {name:<24} {n} {what} x {charge} = {total}")
+        if cost.fits:
+            print(f"   per window at most {cost.total}: fits the cap")
+        else:
+            fits = False
+            error(f"schedule {schedule}: budget {cost.budget_id} would need "
+                  f"{'an unbounded amount' if cost.total is None else cost.total} per {cost.window} window, "
+                  f"more than its cap {cost.cap}: run the non-day-keyed specs less often, lower their charge, "
+                  "or raise the cap")
+    return fits
 
 
 # -- validate ------------------------------------------------------------------------------------
@@ -295,16 +326,22 @@ _FROM = {"given": "--principal", "env": "$DP_SPARK_PRINCIPAL", "os": "the OS use
               help="check the access policy for this principal (default: the one a job here runs as: "
                    "$DP_SPARK_PRINCIPAL on the local env, else the OS user)")
 @click.option("--mode", type=MODES, default="official", show_default=True, help="the mode publish would run in")
-def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str], mode: str) -> int:
+@click.option("--schedule", type=click.Choice(sorted(SCHEDULES)), default=None,
+              help="also check that running these specs on this schedule fits each budget's cap per window")
+def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str], mode: str,
+             schedule: Optional[str]) -> int:
     bad = 0
     try:
-        checker = commands.checker(commands.env_for(env), principal=principal, mode=mode)
+        env_config = commands.env_for(env)
+        checker = commands.checker(env_config, principal=principal, mode=mode)
     except DpSparkError as exc:
         error(str(exc))
         return 2
+    specs = []
     for path in conf:
         try:
             spec = load_release_spec(path)
+            specs.append(spec)
             found = checker.check(spec)
             print(f"{path}: ok ({spec.name}, version {spec.version()}, {spec.cells} cells)")
             print(f"   access: {found.principal} ({_FROM.get(checker.principal_source, checker.principal_source)}) "
@@ -319,6 +356,13 @@ def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str]
         except DpSparkError as exc:
             bad += 1
             error(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+    if schedule is not None and not bad:
+        try:
+            if not _schedule_report(specs, schedule, load_policies(env_config.policies)):
+                bad += 1
+        except DpSparkError as exc:
+            bad += 1
+            error(str(exc))
     return 2 if bad else 0
 
 
@@ -514,6 +558,34 @@ def rollback(env: Optional[str], family: str, reason: str) -> int:
         error(str(exc))
         return 2
     print(f"withdrew release {withdrawn} of {family}; current is now {restored or 'none'}")
+    return 0
+
+
+@_command("show", "print the published rows of a release family's current version",
+          "Print the current version's published cells of a release family: one line per key and statistic "
+          "(value and interval). Reads the release table and the ledger; charges nothing. Exit 0, or 2 "
+          "when the family has no release table or on an invalid env.")
+@env_option()
+@click.option("--family", required=True, help="the release family (the spec's 'family', default its name)")
+@click.option("--series", is_flag=True,
+              help="the family as a series: each key's latest version that is not withdrawn (a day-keyed family "
+                   "refreshed a day at a time), as <output_root>/<family>_current holds it")
+def show(env: Optional[str], family: str, series: bool) -> int:
+    try:
+        rows = commands.show_family(commands.env_for(env), family, series=series)
+    except DpSparkError as exc:
+        error(str(exc))
+        return 2
+    if not rows:
+        print(f"{family}: no current version")
+        return 0
+    print(f"{'key':<24} {'statistic':<16} {'value':>12} {'ci_low':>12} {'ci_high':>12}")
+    for r in rows:
+        if r["suppressed"]:
+            print(f"{r['key']:<24} {r['statistic']:<16} {'suppressed':>12}")
+        else:
+            print(f"{r['key']:<24} {r['statistic']:<16} {r['value']:>12.6g} {r['ci_low']:>12.6g} "
+                  f"{r['ci_high']:>12.6g}")
     return 0
 
 

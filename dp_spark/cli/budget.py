@@ -38,7 +38,8 @@ from dp_spark.core.budget import MEASURES, Budget
 from dp_spark.cli.base import Group, env_option, run
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.ledger import open_ledger, sqlite_path
-from dp_spark.ledger.base import BudgetStatus, Ledger, LedgerEntry, UnknownBudgetError, ts_text
+from dp_spark.ledger.records import BudgetStatus, LedgerEntry, UnknownBudgetError, ts_text
+from dp_spark.ledger.store import Ledger
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.precheck import LedgerNotFoundError, require_existing_ledger
 

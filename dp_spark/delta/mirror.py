@@ -52,7 +52,8 @@ from typing import Any, Optional
 from pyspark.sql import types as T
 
 from dp_spark.background import alongside
-from dp_spark.ledger.base import Ledger, charge_text
+from dp_spark.ledger.records import charge_text
+from dp_spark.ledger.store import Ledger
 
 __all__ = ["ENTRY_SCHEMA", "AUDIT_SCHEMA", "mirror_to_delta", "rebuild_mirror", "rebuild_mirror_command"]
 

@@ -27,9 +27,10 @@ The checks (:func:`check`):
   level, so a 2 se band on each side would fail one check in 22 by chance alone). The proven
   bounds (the mean's union bound at small counts, variance, stddev, quantile) have no upper
   limit: they may cover up to 1 (the table shows by how much);
-* reported errors within 25% of the measured ones (both figures); within 40% in the cells where
-  the noise dominates the statistic (:data:`NOISE_DOMINATED`: a standard deviation of up to 20
-  units, a quantile of up to 50), where the plug-in figures are rough.
+* reported errors within 25% of the measured ones (both figures); within 40% for a quantile in
+  cells of up to 50 units (:data:`NOISE_DOMINATED`), where no figure from the published
+  histogram has been found to hold 25% (the plug-in misses by up to 30%, the other figures
+  tried by more: docs/accuracy.md).
 
 ``python benchmarks/coverage.py`` prints the table (docs/accuracy.md).
 """
@@ -66,13 +67,15 @@ KINDS = tuple(s["name"] for s in STATISTICS[:3] + ALONE + STATISTICS[3:])
 #: kinds whose interval is the exact law of their noise (over-coverage only from the lattice)
 EXACT = ("distinct_units", "count", "sum_shared_count", "sum_alone")
 ERROR_TOLERANCE = 0.25
-#: cells where the noise dominates the statistic: the standard deviation in cells of up to 20
-#: units (the variance released as 0 in 20-40% of them), a quantile in cells of up to 50 (every
-#: one of the 64 bins' noise near a unit, the noise's total mass beyond the cell's). There the
-#: plug-in truth of the error figures is itself mostly noise (a quantile's plug-in sits near
-#: the middle of the range, where the noise pushes the estimate, a stddev's at 0), and the
-#: figures are checked within NOISY_TOLERANCE instead (they miss 25% by up to 34%).
-NOISE_DOMINATED = {"stddev": 20, "quantile_q50": 50, "quantile_q90": 50}
+#: cells where the noise dominates the statistic and the reported errors are checked within
+#: NOISY_TOLERANCE: a quantile in cells of up to 50 units (each of the 64 bins' noise near a unit,
+#: the noise's total mass beyond the cell's). The plug-in figure (the estimator re-run on the
+#: published histogram plus the noise) misses 25% there in both directions (0.70-0.75 for the
+#: 90th percentile at 20-50 units, 1.27 for the median at 20 under zCDP): the error depends
+#: on where the truth lies, which the published histogram barely shows. The figures tried
+#: instead (a flat prior on each bin's count, a zero-or-flat prior, the histogram cut at 0) miss
+#: by more (docs/accuracy.md). Every other entry is held to ERROR_TOLERANCE.
+NOISE_DOMINATED = {"quantile_q50": 50, "quantile_q90": 50}
 NOISY_TOLERANCE = 0.4
 DEFAULT_REPS = 1000
 #: the table's seed. Seed 2026 put the mean's zCDP coverage 2.1-2.4 se under 0.9 at n = 50 and
@@ -299,8 +302,8 @@ def shrunk(entries: list[Entry], factor: float) -> list[Entry]:
 
 
 def error_tolerance(e: Entry) -> float:
-    """The allowed relative error of an entry's reported figures: 25%, 40% where the noise
-    dominates (:data:`NOISE_DOMINATED`)."""
+    """The allowed relative error of an entry's reported figures: 25%, 40% for a quantile in
+    the cells of :data:`NOISE_DOMINATED`."""
     return NOISY_TOLERANCE if e.size <= NOISE_DOMINATED.get(e.kind, 0) else ERROR_TOLERANCE
 
 

@@ -1,7 +1,7 @@
 """Versions of a release family, and rollback: rows of the SQL ledger, and their Delta copy.
 
 The version record is state that needs compare-and-set, so it lives in the SQL ledger
-(``dp_versions``, see :mod:`dp_spark.ledger.base`), written in the ledger's write
+(``dp_versions``, see :mod:`dp_spark.ledger.versions`), written in the ledger's write
 transactions under the budget lock of the releases' budgets:
 
     family       release family (the release table's ``release_family``)
@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import Window
 
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.delta.release_table import delta_schema, is_concurrent_change, latest_commit
@@ -67,6 +68,9 @@ __all__ = [
     "history",
     "published_view",
     "published_path_for",
+    "series_current_path",
+    "series_view",
+    "write_series_current",
 ]
 
 STATES = ("current", "superseded", "withdrawn")
@@ -186,6 +190,45 @@ def published_view(spark: SparkSession, releases_path: str, ledger: Any, family:
     return rel.where(F.col("release_id") == current)
 
 
+def series_view(spark: SparkSession, releases_path: str, ledger: Any, family: str) -> DataFrame:
+    """A family published as a series (e.g. one release per day, ``dp-spark refresh``): for
+    each (key, statistic), the row of the latest version that published it and is not
+    withdrawn. Exactly one row per key and statistic: a day re-published later shows its newer
+    value, a withdrawn version's days fall back to the version before it (or vanish). Official
+    mode only; empty without versions. Read from the ledger's version record when called; the
+    ledger itself still keeps one current version per family (the others read ``superseded``
+    there)."""
+    live = [r for r in history(ledger, family) if r["state"] != "withdrawn"]
+    rel = spark.read.format("delta").load(releases_path).where(
+        (F.col("release_family") == family) & (F.col("mode") == "official"))
+    if not live:
+        return rel.where(F.lit(False))
+    order = F.create_map(*[x for r in live for x in (F.lit(r["release_id"]), F.lit(r["version_no"]))])
+    rank = "dp_series_version"
+    latest = Window.partitionBy("key", "statistic").orderBy(F.col(rank).desc())
+    return (rel.where(F.col("release_id").isin([r["release_id"] for r in live]))
+            .withColumn(rank, order[F.col("release_id")])
+            .withColumn("dp_series_rank", F.row_number().over(latest))
+            .where(F.col("dp_series_rank") == 1).drop(rank, "dp_series_rank"))
+
+
+def series_current_path(output_root: str, family: str) -> str:
+    """Where :func:`write_series_current` keeps a family's ``<family>_current`` Delta table."""
+    return f"{output_root.rstrip('/')}/{family}_current"
+
+
+def write_series_current(spark: SparkSession, releases_path: str, ledger: Any, family: str, path: str) -> int:
+    """Overwrite the Delta table ``<family>_current`` at ``path`` with :func:`series_view` (one
+    commit; a BI tool reads it as a table). Returns its number of rows."""
+    df = series_view(spark, releases_path, ledger, family).cache()
+    try:
+        n = df.count()
+        df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    finally:
+        df.unpersist()
+    return n
+
+
 # --------------------------------------------------------------------------------------
 # the derived Delta table
 # --------------------------------------------------------------------------------------
@@ -232,7 +275,7 @@ def adopt_published(ledger: Any, spark: SparkSession, path: str) -> bool:
     kept the version record (its rows were the record then) into the ledger, once: only while
     the ledger holds no version, and only from a table that is not a refresh of the ledger's.
     Returns whether rows were imported. Call before the ledger's first version change."""
-    from dp_spark.ledger.base import VersionRecord
+    from dp_spark.ledger.records import VersionRecord
 
     if ledger.versions_snapshot()[0] != 0:  # (an import counts as a change)
         return False

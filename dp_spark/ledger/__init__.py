@@ -18,18 +18,19 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from dp_spark.errors import ConfigError
-from dp_spark.ledger.base import (
+from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy, load_policies
+from dp_spark.ledger.records import (
     AuditRow,
     BudgetStatus,
     Clock,
-    Ledger,
     LedgerEntry,
     ReleaseLimitExceededError,
     Reservation,
     UnknownBudgetError,
     UnknownReleaseError,
 )
-from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy, load_policies
+from dp_spark.ledger.sqlite import SQLiteLedger
+from dp_spark.ledger.store import Ledger
 
 __all__ = [
     "AuditRow",
@@ -74,10 +75,9 @@ def open_ledger(url: str, *, key: Optional[bytes] = None, clock: Optional[Clock]
         raise ConfigError("ledger URL must be a non-empty string")
     path = sqlite_path(url)
     if path is not None:
-        from dp_spark.ledger.sqlite import SQLiteLedger
-
         return SQLiteLedger(path, key=key, clock=clock, **options)
     if url.startswith(("postgresql://", "postgres://")):
+        # imported here, not above: psycopg (and libpq) load only for a PostgreSQL ledger
         from dp_spark.ledger.postgres import PostgresLedger
 
         return PostgresLedger(url, key=key, clock=clock, **options)

@@ -33,17 +33,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional
 
 import yaml
+from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, WithJsonSchema, field_validator, model_validator
+from typing_extensions import Annotated
 
 from dp_spark.core.budget import MEASURES, Budget, parse_budget, to_fraction
+from dp_spark.core.fields import FreeText, SpecModel, fail, fail_at, number_type
 from dp_spark.errors import ConfigError, InvalidBudgetError
+from dp_spark.spec.errors import model_errors, raise_errors
 
 __all__ = [
     "WINDOW_KINDS",
     "WindowPolicy",
     "BudgetPolicy",
+    "BudgetModel",
+    "PolicyFileModel",
+    "WindowModel",
     "load_policies",
     "policies_from_dict",
     "as_utc",
@@ -238,125 +245,225 @@ class BudgetPolicy:
 
 
 # --------------------------------------------------------------------------------------
-# Loading
+# The policy file: pydantic models of the file as written, then the policies built from them
 # --------------------------------------------------------------------------------------
-_POLICY_KEYS = {
-    "dataset", "privacy_unit", "measure", "cap", "statement_delta", "window", "max_per_release",
-    "description", "delta_cap",
-}
-_TOP_KEYS = {"version", "budgets"}
+ID_PATTERN = _ID_RE.pattern
+UNIT_PATTERN = _UNIT_RE.pattern
+_AMOUNT_SCHEMA = {"type": "object", "additionalProperties": {"anyOf": [{"type": "number"}, {"type": "string"}]},
+                  "description": "the measure's fields: {epsilon} (pure_dp), {rho} (zcdp), {epsilon, delta} (approx_dp)"}
 
 
-def _err(source: str, field: str, problem: str) -> ConfigError:
-    return ConfigError(f"{source}: field '{field}': {problem}")
+def _amount_map(v: Any) -> Any:
+    if not isinstance(v, Mapping):
+        raise fail("must be a mapping of the budget measure's fields (epsilon, rho or epsilon and delta)")
+    return v
 
 
-def _amount(raw: Any, measure: str, source: str, field: str) -> Budget:
-    if not isinstance(raw, Mapping):
-        raise _err(source, field, f"must be a mapping of {list(MEASURES[measure].FIELDS)}")
+def _required_amount_map(v: Any) -> Any:
+    if v is None:
+        raise fail("is required")
+    return _amount_map(v)
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise fail("must be a string")
+    return v
+
+
+def _unit(v: Any) -> str:
+    if not isinstance(v, str) or not _UNIT_RE.match(v):
+        raise fail("must be an identifier")
+    return v
+
+
+def _passthrough(v: Any) -> Any:
+    return v  # checked with the other fields of its model (WindowPolicy names the problem)
+
+
+Amount = Annotated[Any, PlainValidator(_required_amount_map), WithJsonSchema(_AMOUNT_SCHEMA)]
+OptionalAmount = Annotated[Any, PlainValidator(_amount_map), WithJsonSchema(_AMOUNT_SCHEMA)]
+Text = Annotated[str, PlainValidator(_text), WithJsonSchema({"type": "string"})]
+Unit = Annotated[str, PlainValidator(_unit), WithJsonSchema({"type": "string", "pattern": UNIT_PATTERN})]
+if TYPE_CHECKING:  # mypy sees the value's type; pydantic the checked exact number (a Fraction)
+    StatementDelta = Fraction
+    DeltaCap = Fraction
+else:
+    StatementDelta = number_type(gt=0, lt=1, what="in (0, 1)")
+    DeltaCap = number_type(ge=0, lt=1, what=">= 0 and < 1")
+WindowKind = Annotated[Any, PlainValidator(_passthrough), WithJsonSchema({"enum": list(WINDOW_KINDS)})]
+WindowDays = Annotated[Any, PlainValidator(_passthrough),
+                       WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_ROLLING_DAYS})]
+
+
+class WindowModel(SpecModel):
+    """``window``: a kind name (``none``, ``daily``, ``monthly``) or ``{kind: rolling, days: N}``."""
+
+    kind: WindowKind = Field("none", description="none | daily | monthly | rolling (UTC calendar periods, "
+                                                 "or the last `days` days)")
+    days: Optional[WindowDays] = Field(None, description="rolling only: the window's length in days")
+
+    @model_validator(mode="after")
+    def _window(self) -> "WindowModel":
+        try:
+            WindowPolicy(kind=self.kind, days=self.days)
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
+        return self
+
+    def policy(self) -> WindowPolicy:
+        return WindowPolicy(kind=self.kind, days=self.days)
+
+
+class BudgetModel(SpecModel):
+    """``budgets.<id>``: one budget's policy as written."""
+
+    dataset: Text = Field(description="logical dataset name (the engine also binds the Delta table's own id)")
+    privacy_unit: Unit = Field(description="the unit the budget protects (an identifier, e.g. user)")
+    measure: Literal["pure_dp", "zcdp", "approx_dp"] = Field(description="the measure the budget accounts in")
+    cap: Amount = Field(description="the cap per window, in the measure's fields")
+    statement_delta: Optional[StatementDelta] = Field(
+        None, description="zcdp only (required there): the delta of the published (epsilon, delta) statements")
+    window: WindowModel = Field(default_factory=lambda: WindowModel(kind="none", days=None),
+                                description="when spent budget renews")
+    max_per_release: Optional[OptionalAmount] = Field(
+        None, description="the most one release may charge (may carry delta too)")
+    delta_cap: Optional[DeltaCap] = Field(
+        None, description="pure_dp and zcdp: the delta releases may spend in a window (default 0)")
+    description: Optional[FreeText] = Field(None, description="free text")
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window_form(cls, v: Any) -> Any:
+        if v is None:
+            return {"kind": "none"}
+        if isinstance(v, str):
+            return {"kind": v}
+        if not isinstance(v, Mapping):
+            raise fail("must be a kind name or a mapping of kind and days")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "BudgetModel":
+        _, problems = self.policy("budget")  # the id is checked as the key of ``budgets``
+        if problems:
+            raise fail_at(problems)
+        return self
+
+    def policy(self, budget_id: str) -> tuple[Optional[BudgetPolicy], list[tuple[tuple, str]]]:
+        """The policy, or None and the problems (field location, message) of the fields that
+        depend on each other (the amounts on the measure, the cap on the delta cap, ...)."""
+        errors: list[tuple[tuple, str]] = []
+        measure = self.measure
+        cap = _amount(self.cap, measure, "cap", errors)
+        if measure != "approx_dp" and "delta" in self.cap:
+            errors.append((("cap",), f"the delta cap of a {measure} budget is `delta_cap:`, not cap.delta"))
+            cap = None
+        if self.delta_cap is not None:
+            if measure == "approx_dp":
+                errors.append((("delta_cap",), "an approx_dp budget carries its delta in cap: epsilon and delta"))
+            elif cap is not None:
+                cap = parse_budget(measure, **{f: getattr(cap, f) for f in MEASURES[measure].FIELDS if f != "delta"},
+                                   delta=self.delta_cap)
+        max_per_release = None
+        if self.max_per_release is not None:
+            max_per_release = _amount(self.max_per_release, measure, "max_per_release", errors)
+        if errors or cap is None:
+            return None, errors
+        try:
+            return BudgetPolicy(
+                budget_id=budget_id,
+                dataset=self.dataset,
+                privacy_unit=self.privacy_unit,
+                measure=measure,
+                cap=cap,
+                statement_delta=self.statement_delta,
+                window=self.window.policy(),
+                max_per_release=max_per_release,
+            ), []
+        except ConfigError as exc:
+            # name the field: the dataclass message names the budget (the path does) and the problem
+            text = str(exc).removeprefix(f"budget {budget_id!r}: ")
+            field = next(
+                (k for k in ("statement_delta", "max_per_release", "privacy_unit", "dataset", "cap")
+                 if k in text),
+                "",
+            )
+            return None, [((field,) if field else (), text)]
+
+
+def _amount(raw: Mapping, measure: str, field: str, errors: list[tuple[tuple, str]]) -> Optional[Budget]:
+    """``raw`` (a mapping of the measure's fields) as an amount, or None with its problem
+    appended to ``errors``."""
     if "measure" in raw and raw["measure"] != measure:
-        raise _err(source, field, f"is in {raw['measure']!r} but the budget's measure is {measure!r}")
+        errors.append(((field,), "is in another measure than the budget's"))
+        return None
     values = {str(k): v for k, v in raw.items() if k != "measure"}
     try:
         return parse_budget(measure, **values)
     except InvalidBudgetError as exc:
-        raise _err(source, field, str(exc)) from None
+        errors.append(((field,), str(exc)))
+        return None
 
 
-def _window(raw: Any, source: str, field: str) -> WindowPolicy:
-    if raw is None:
-        raw = "none"
-    if isinstance(raw, str):
-        raw = {"kind": raw}
-    if not isinstance(raw, Mapping):
-        raise _err(source, field, "must be a kind name or a mapping {kind, days}")
-    unknown = sorted(set(map(str, raw)) - {"kind", "days"})
-    if unknown:
-        raise _err(source, f"{field}.{unknown[0]}", "unknown field (allowed: ['days', 'kind'])")
-    try:
-        return WindowPolicy(kind=raw.get("kind", "none"), days=raw.get("days"))
-    except ConfigError as exc:
-        raise _err(source, field, str(exc)) from None
+def _budget_id(v: Any) -> str:
+    if not isinstance(v, str) or not _ID_RE.match(v):
+        raise fail("budget id must be 1-128 characters of [A-Za-z0-9_.:-]")
+    return v
 
 
-def _policy(budget_id: Any, raw: Any, source: str) -> BudgetPolicy:
-    prefix = f"budgets.{budget_id}"
-    if not isinstance(budget_id, str) or not _ID_RE.match(budget_id):
-        raise _err(source, prefix, "budget id must be 1-128 characters of [A-Za-z0-9_.:-]")
-    if not isinstance(raw, Mapping):
-        raise _err(source, prefix, "must be a mapping")
-    unknown = sorted(set(map(str, raw)) - _POLICY_KEYS)
-    if unknown:
-        raise _err(source, f"{prefix}.{unknown[0]}", f"unknown field (allowed: {sorted(_POLICY_KEYS)})")
-    for key in ("dataset", "privacy_unit", "measure", "cap"):
-        if raw.get(key) is None:
-            raise _err(source, f"{prefix}.{key}", "is required")
-    measure = raw["measure"]
-    if measure not in MEASURES:
-        raise _err(source, f"{prefix}.measure", f"must be one of {sorted(MEASURES)}")
-    if measure != "approx_dp" and isinstance(raw["cap"], Mapping) and "delta" in raw["cap"]:
-        raise _err(source, f"{prefix}.cap", f"the delta cap of a {measure} budget is `delta_cap:`, not cap.delta")
-    cap = _amount(raw["cap"], measure, source, f"{prefix}.cap")
-    if raw.get("delta_cap") is not None:
-        if measure == "approx_dp":
-            raise _err(source, f"{prefix}.delta_cap", "an approx_dp budget carries its delta in cap: {epsilon, delta}")
-        try:
-            delta_cap = to_fraction(raw["delta_cap"], "delta_cap")
-        except InvalidBudgetError as exc:
-            raise _err(source, f"{prefix}.delta_cap", str(exc)) from None
-        if not 0 <= delta_cap < 1:
-            raise _err(source, f"{prefix}.delta_cap", "must be >= 0 and < 1")
-        cap = parse_budget(measure, **{f: getattr(cap, f) for f in MEASURES[measure].FIELDS if f != "delta"},
-                           delta=delta_cap)
-    max_per_release = None
-    if raw.get("max_per_release") is not None:
-        max_per_release = _amount(raw["max_per_release"], measure, source, f"{prefix}.max_per_release")
-    delta = raw.get("statement_delta")
-    if delta is not None:
-        try:
-            delta = to_fraction(delta, "statement_delta")
-        except InvalidBudgetError as exc:
-            raise _err(source, f"{prefix}.statement_delta", str(exc)) from None
-    window = _window(raw.get("window"), source, f"{prefix}.window")
-    for key in ("dataset", "privacy_unit"):
-        if not isinstance(raw[key], str):
-            raise _err(source, f"{prefix}.{key}", "must be a string")
-    try:
-        return BudgetPolicy(
-            budget_id=budget_id,
-            dataset=raw["dataset"],
-            privacy_unit=raw["privacy_unit"],
-            measure=measure,
-            cap=cap,
-            statement_delta=delta,
-            window=window,
-            max_per_release=max_per_release,
-        )
-    except ConfigError as exc:
-        # name the field: the dataclass message names the budget and the problem
-        text = str(exc)
-        field = next(
-            (k for k in ("statement_delta", "max_per_release", "privacy_unit", "dataset", "cap")
-             if k in text),
-            "",
-        )
-        raise _err(source, f"{prefix}.{field}" if field else prefix, text) from None
+BudgetId = Annotated[str, PlainValidator(_budget_id), WithJsonSchema({"type": "string", "pattern": ID_PATTERN})]
+
+
+class PolicyFileModel(SpecModel):
+    """A budget policy file (``conf/policies/budgets.yaml``)."""
+
+    version: Literal[1] = Field(1, description="the file format (1)")
+    budgets: dict[BudgetId, BudgetModel] = Field(description="budget id -> its policy")
+
+    _policies: dict[str, BudgetPolicy] = PrivateAttr(default_factory=dict)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, v: Any) -> Any:
+        if v != 1:
+            raise fail("only version 1 is supported")
+        return v
+
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _budgets(cls, v: Any) -> Any:
+        if not isinstance(v, Mapping) or not v:
+            raise fail("must be a non-empty mapping of budget id -> policy")
+        return v
+
+    @model_validator(mode="after")
+    def _build(self) -> "PolicyFileModel":
+        errors: list[tuple[tuple, str]] = []
+        for bid, m in self.budgets.items():
+            policy, problems = m.policy(bid)
+            errors.extend((("budgets", bid, *loc), msg) for loc, msg in problems)
+            if policy is not None:
+                self._policies[bid] = policy
+        if errors:
+            raise fail_at(errors)
+        return self
+
+    def policies(self) -> dict[str, BudgetPolicy]:
+        """Budget id -> its policy (in the file's order)."""
+        return dict(self._policies)
 
 
 def policies_from_dict(data: Any, source: str = "<dict>") -> dict[str, BudgetPolicy]:
-    """Validate a parsed policy document; ``source`` names it in errors."""
+    """Validate a parsed policy document: one ConfigError naming ``source`` and every problem
+    by field path (never a value of the file)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: top level must be a mapping")
-    unknown = sorted(set(map(str, data)) - _TOP_KEYS)
-    if unknown:
-        raise _err(source, unknown[0], f"unknown field (allowed: {sorted(_TOP_KEYS)})")
-    version = data.get("version", 1)
-    if version != 1:
-        raise _err(source, "version", "only version 1 is supported")
-    budgets = data.get("budgets")
-    if not isinstance(budgets, Mapping) or not budgets:
-        raise _err(source, "budgets", "must be a non-empty mapping of budget id -> policy")
-    return {str(bid): _policy(bid, raw, source) for bid, raw in budgets.items()}
+    try:
+        return PolicyFileModel.model_validate(data).policies()
+    except ValidationError as exc:
+        raise_errors(source, model_errors(exc, model=PolicyFileModel))
+        raise  # unreachable: raise_errors raises
 
 
 def load_policies(path: str | os.PathLike) -> dict[str, BudgetPolicy]:

@@ -31,7 +31,11 @@ import psycopg
 from psycopg import errors as pgerr
 
 from dp_spark.errors import LedgerError, LedgerUnavailableError
-from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, Cursor, resolve_key
+from dp_spark.ledger.dialects import Cursor
+from dp_spark.ledger.keys import resolve_key
+from dp_spark.ledger.records import Clock
+from dp_spark.ledger.schema import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS
+from dp_spark.ledger.store import SqlLedger
 
 __all__ = ["PostgresLedger", "redact_url"]
 
@@ -109,7 +113,8 @@ class PostgresLedger(SqlLedger):
                 f"{self.description} is unreachable: {self._reason(exc)}; nothing was recorded"
             ) from None
         try:
-            fsync = self._conn.execute("SELECT current_setting('fsync')").fetchone()[0]
+            row = self._conn.execute("SELECT current_setting('fsync')").fetchone()
+            fsync = "unknown" if row is None else row[0]
         except psycopg.Error as exc:
             self._close_connection()
             raise LedgerUnavailableError(
@@ -149,11 +154,8 @@ class PostgresLedger(SqlLedger):
             return "unavailable"
         return None
 
-    def _schema_exists(self, cur: Cursor) -> bool:
-        return cur.one("SELECT to_regclass('dp_ledger_meta') IS NOT NULL")[0]
-
     def _table_exists(self, cur: Cursor, name: str) -> bool:
-        return cur.one("SELECT to_regclass(?) IS NOT NULL", (name,))[0]
+        return bool(cur.scalar("SELECT to_regclass(?) IS NOT NULL", (name,)))
 
     def _schema_lock(self, cur: Cursor) -> None:
         cur.q("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_ID,))

@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from dp_spark.errors import LedgerIntegrityError, LedgerUnavailableError
-from dp_spark.ledger.base import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS, Clock, SqlLedger, Cursor, resolve_key
+from dp_spark.ledger.dialects import Cursor
+from dp_spark.ledger.keys import resolve_key
+from dp_spark.ledger.records import Clock
+from dp_spark.ledger.schema import IMMUTABLE_ENTRY_COLUMNS, IMMUTABLE_VERSION_COLUMNS
+from dp_spark.ledger.store import SqlLedger
 
 __all__ = ["SQLiteLedger"]
 
@@ -119,9 +123,6 @@ class SQLiteLedger(SqlLedger):
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
             return (f"the database is locked by another process (waited {self.busy_timeout_ms / 1000:g} s)")
         return super()._reason(exc)
-
-    def _schema_exists(self, cur: Cursor) -> bool:
-        return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dp_ledger_meta'") is not None
 
     def _table_exists(self, cur: Cursor, name: str) -> bool:
         return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)) is not None

@@ -39,7 +39,7 @@ from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
 from dp_spark.spec.legacy import legacy_statistics
 from dp_spark.spec.errors import model_errors, raise_errors
 from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, MeanOptions, PrivateKeys,
-                                   PublicKeys, ReleaseSpec, ValueSpec, grid_align)
+                                   PublicKeys, ReleaseSpec, ValueSpec, bucketed, grid_align)
 from dp_spark.core.fields import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
                                  Number, PositiveInt, PositiveNumber, SpecModel, fail, fail_at, int_type,
                                  number_type)
@@ -52,6 +52,8 @@ __all__ = ["SingleMetricSpec", "MultiStatisticSpec", "release_spec_from_dict", "
            "EXHAUSTION_POLICIES", "MERGEABLE_KINDS", "DEFAULT_SELECTION_SHARE", "release_errors"]
 
 EXHAUSTION_POLICIES = ("reject", "degrade", "return_existing")
+#: the longest rolling window, in days
+MAX_WINDOW_DAYS = 366
 # Limits against the many-segments trap (MISSION 9): at most this many cells per release unless
 # the spec raises it explicitly (never above the hard limit).
 DEFAULT_MAX_CELLS = 1000
@@ -223,18 +225,26 @@ class GroupByEntryModel(SpecModel):
     public_keys: Optional[PublicKeysModel] = Field(None, description="its declared keys")
     private_keys: Optional[PrivateKeysModel] = Field(
         None, description="instead of public_keys: keys selected privately (the budget then declares a delta)")
+    bucket: Optional[Literal["week", "month"]] = Field(
+        None, description="derive the key from a date column: week (ISO weeks, Monday to Sunday, keys like "
+                          "2026-W45) or month (keys like 2026-11); the keys are the buckets the declared dates "
+                          "cover, and rows on days outside them are dropped (needs public_keys.dates)")
 
     @model_validator(mode="after")
     def _one(self) -> "GroupByEntryModel":
         _exactly_one(self, "public_keys", "private_keys",
                      "give exactly one of 'public_keys' (the keys, listed) or 'private_keys' (keys "
                      "selected from the data with differential privacy)")
+        if self.bucket is not None and (self.public_keys is None or self.public_keys.dates is None):
+            raise fail_at([(("bucket",), "a bucket derives weeks or months from declared dates: give "
+                                         "public_keys.dates")])
         return self
 
     def key_set(self, run_date: date) -> Any:
         if self.private_keys is not None:
             return PrivateKeys(column=self.column, max_keys=self.private_keys.max_keys, share=self.private_keys.share)
-        return self.public_keys.resolve(self.column, run_date)
+        keys = self.public_keys.resolve(self.column, run_date)
+        return keys if self.bucket is None else bucketed(self.column, keys.values, self.bucket)
 
 
 class SingleGroupByModel(GroupByEntryModel):
@@ -284,6 +294,14 @@ class MinGroupSizeModel(SpecModel):
 # ----------------------------------------------------------------------------------------
 # Statistics: one entry model per registered kind
 # ----------------------------------------------------------------------------------------
+class WindowModel(SpecModel):
+    """``window``: a rolling window over the release's date key."""
+
+    days: int_type(1, MAX_WINDOW_DAYS) = Field(  # type: ignore[valid-type]
+        description="N: the cell of day d covers the rows of days d-N+1 .. d (7: weekly active, 28 or 30: "
+                    "monthly active)")
+
+
 class StatisticBase(SpecModel):
     """Fields of every ``statistics[]`` entry."""
 
@@ -291,6 +309,9 @@ class StatisticBase(SpecModel):
     weight: Optional[PositiveNumber] = Field(
         None, description="share of the release's charge, on every statistic or on none (default: the "
                           "error-minimising split)")
+    window: Optional[WindowModel] = Field(
+        None, description="a rolling window over the one group_by column with public_keys.dates (each unit "
+                          "still touches at most max_partitions_per_unit (day, window) cells)")
 
 
 class ValuedStatisticBase(StatisticBase):
@@ -333,7 +354,8 @@ def _statistic_spec(entry: BaseModel) -> StatisticSpec:
     clamp = align_clamp(entry.column, entry.lower, entry.upper) if kind.needs_value else None
     options = {f: getattr(entry, f) for f in kind.options.model_fields if getattr(entry, f) is not None}
     return StatisticSpec(name=entry.name, kind=entry.kind, clamp=clamp, weight=entry.weight,
-                         options=tuple(sorted(options.items())))
+                         options=tuple(sorted(options.items())),
+                         window=None if entry.window is None else entry.window.days)
 
 
 # ----------------------------------------------------------------------------------------
@@ -452,6 +474,19 @@ class _SpecBase(SpecModel):
             for k in key_sets:  # private key columns count as their most selected keys
                 n_keys *= k.max_keys if isinstance(k, PrivateKeys) else len(k.values)
             n_cells = n_keys * len(statistics)
+            windows = {s.window for s in statistics if s.window is not None}
+            if windows:
+                dated = [k for k in key_sets if isinstance(k, PublicKeys) and k.kind == "date" and k.bucket is None]
+                if len(dated) != 1:
+                    err(("statistics",), "a window rolls over a date key: give exactly one group_by column with "
+                                         "public_keys.dates (and no bucket)")
+                if any(isinstance(k, PrivateKeys) for k in key_sets):
+                    err(("statistics",), "a window needs public keys only (no private_keys)")
+                if neighbouring == Neighbouring.EVENT:
+                    err(("statistics",), "an event-level release cannot take a window (one event would feed "
+                                         "several cells)")
+                # a unit's (day, window) cells: each window length has its own cells
+                n_keys *= len(windows | ({1} if any(s.window is None for s in statistics) else set()))
         else:
             metric = self.metric
             n_keys = n_cells = (1 if not key_sets else key_sets[0].max_keys if isinstance(key_sets[0], PrivateKeys)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from datetime import date
 from fractions import Fraction
 from typing import Any, Optional
 
@@ -22,7 +23,8 @@ from dp_spark.statistics.base import StatisticSpec, align_clamp
 from dp_spark.core.units import ContributionBounds, Neighbouring, PrivacyUnit
 
 __all__ = ["PublicKeys", "PrivateKeys", "ValueSpec", "MeanOptions", "ExhaustionPolicy", "ReleaseSpec",
-           "DEFAULT_SELECTION_SHARE", "key_set_canonical", "bounds_to_json", "grid_align"]
+           "DEFAULT_SELECTION_SHARE", "key_set_canonical", "bounds_to_json", "grid_align", "bucket_of",
+           "bucketed"]
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,46 @@ class PublicKeys:
     column: str
     kind: str  # "string" | "date"
     values: tuple[str, ...]
+    #: a derived date key (``{column: day, bucket: week}``): "week" (ISO weeks, Monday to
+    #: Sunday, keys "2026-W45") or "month" (keys "2026-11"); ``values`` are the buckets that the
+    #: declared days cover, ``days`` the declared days (rows on other days are dropped)
+    bucket: Optional[str] = None
+    days: tuple[str, ...] = ()
 
     def restricted_to(self, keys: tuple[str, ...]) -> "PublicKeys":
         missing = [k for k in keys if k not in self.values]
         if missing:
             raise ConfigError("requested keys are outside the declared public key set")
+        bucket = self.bucket
+        if bucket is not None:
+            days = tuple(d for d in self.days if bucket_of(d, bucket) in keys)
+            return replace(self, values=tuple(keys), days=days)
         return replace(self, values=tuple(keys))
+
+    def bucket_index(self) -> dict[str, int]:
+        """A bucketed key set: each declared day -> the index of its bucket in ``values``."""
+        if self.bucket is None:
+            raise ConfigError("this key set has no bucket")
+        at = {v: i for i, v in enumerate(self.values)}
+        return {d: at[bucket_of(d, self.bucket)] for d in self.days}
+
+
+def bucket_of(day: str, bucket: str) -> str:
+    """The key of an ISO day's bucket: "week" -> its ISO week "YYYY-Www" (weeks run Monday to
+    Sunday; the year is the ISO week-numbering year), "month" -> "YYYY-MM"."""
+    d = date.fromisoformat(day)
+    if bucket == "week":
+        y, w, _ = d.isocalendar()
+        return f"{y}-W{w:02d}"
+    if bucket == "month":
+        return f"{d.year}-{d.month:02d}"
+    raise ConfigError("a date bucket is 'week' or 'month'")
+
+
+def bucketed(column: str, days: tuple[str, ...], bucket: str) -> PublicKeys:
+    """The public key set of ``days`` derived into ``bucket`` (the buckets they cover, in order)."""
+    return PublicKeys(column=column, kind="date", values=tuple(dict.fromkeys(bucket_of(d, bucket) for d in days)),
+                      bucket=bucket, days=tuple(days))
 
 
 @dataclass(frozen=True)
@@ -156,7 +192,10 @@ class ReleaseSpec:
             "metric": self.metric,
             "group_by": None
             if self.group_by is None
-            else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values)},
+            else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values),
+                  # only when set: specs without a bucket keep their release ids
+                  **({} if self.group_by.bucket is None
+                     else {"bucket": self.group_by.bucket, "days": list(self.group_by.days)})},
             "value": None
             if self.value is None
             else {"column": self.value.column, "lower": str(self.value.lower), "upper": str(self.value.upper),
@@ -242,8 +281,18 @@ class ReleaseSpec:
     @property
     def date_key_set(self) -> Optional[PublicKeys]:
         """The one group-by column keyed by declared dates (None when there is none or several)."""
-        dated = [k for k in self.public_key_sets if k.kind == "date"]
+        dated = [k for k in self.public_key_sets if k.kind == "date" and k.bucket is None]
         return dated[0] if len(dated) == 1 else None
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The distinct window lengths (days) of the statistics, ascending; 1 for a statistic
+        without ``window`` (its cell covers its own day). ``(1,)``: no rolling window."""
+        return tuple(sorted({s.window or 1 for s in self.statistics})) or (1,)
+
+    @property
+    def windowed(self) -> bool:
+        return self.windows != (1,)
 
     def for_keys(self, keys: tuple[str, ...], *, name_suffix: str, column: Optional[str] = None) -> "ReleaseSpec":
         """The same spec restricted to a subset of its public keys (e.g. one day): ``column``
@@ -265,7 +314,8 @@ class ReleaseSpec:
         out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
         if len(key_sets) == 1:
             out = replace(out, group_by=key_sets[0])
-        l0 = min(self.bounds.max_partitions_per_unit, out.cells)
+        # with rolling windows a unit has (day, window) cells: one per window length and day
+        l0 = min(self.bounds.max_partitions_per_unit, out.cells * len(out.windows))
         return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))
 
 
@@ -273,6 +323,8 @@ def key_set_canonical(k: Any) -> dict[str, Any]:
     if isinstance(k, PrivateKeys):
         return {"column": k.column, "kind": "private", "max_keys": k.max_keys,
                 "share": None if k.share is None else str(k.share)}
+    if k.bucket is not None:  # only when set: key sets without a bucket keep their release ids
+        return {"column": k.column, "kind": k.kind, "keys": list(k.values), "bucket": k.bucket, "days": list(k.days)}
     return {"column": k.column, "kind": k.kind, "keys": list(k.values)}
 
 

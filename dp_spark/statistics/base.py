@@ -88,6 +88,9 @@ class StatisticSpec:
     weight: Optional[Fraction] = None
     # kind-specific options, as a sorted tuple of (name, value) pairs (hashable, frozen)
     options: tuple[tuple[str, Any], ...] = field(default=())
+    #: a rolling window over the release's date key, in days: the cell of day d covers the
+    #: rows of days d-N+1 .. d (None: the day itself)
+    window: Optional[int] = None
 
     def option(self, key: str, default: Any = None) -> Any:
         for k, v in self.options:
@@ -101,6 +104,8 @@ class StatisticSpec:
             "clamp": None if self.clamp is None else self.clamp.to_json(),
             "weight": None if self.weight is None else str(self.weight),
             "options": {k: (str(v) if isinstance(v, Fraction) else v) for k, v in self.options},
+            # only when set: statistics without a window keep their release ids
+            **({} if self.window is None else {"window": {"days": self.window}}),
         }
 
     @property

@@ -47,6 +47,11 @@ _PART_MASK = 2**_PART_BITS - 1
 SUM_PART_BITS = _PART_BITS
 
 
+def window_suffix(window: int) -> str:
+    """The suffix of the collected partial columns of an N-day window ("" for the day itself)."""
+    return "" if window == 1 else f"@{window}"
+
+
 def _tag(clamp: Optional[Clamp], extra: str = "") -> str:
     if clamp is None:
         return extra
@@ -61,16 +66,20 @@ class Component:
     kind: str
     clamp: Optional[Clamp] = None
     bins: int = 1
+    #: a rolling window of N days over the date key (1: the day itself); its partials are
+    #: collected under the names ``<partial>@N`` (:func:`window_suffix`)
+    window: int = 1
 
     # -- identity --------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        rolling = "" if self.window == 1 else f"@{self.window}d"
         if self.clamp is None:
-            return self.kind
+            return self.kind + rolling
         extra = f"[{self.clamp.lower},{self.clamp.upper}]"
         if self.kind == "hist":
             extra += f"/{self.bins}"
-        return f"{self.kind}:{self.clamp.column}{extra}"
+        return f"{self.kind}:{self.clamp.column}{extra}{rolling}"
 
     @property
     def width(self) -> int:
@@ -171,7 +180,12 @@ class Component:
 
     def true_values(self, partials: dict[str, int]) -> list[int]:
         """This component's exact grid integers for one cell, from the collected partials
-        (a dict of longs; a cell absent from the data has all zeros)."""
+        (a dict of longs; a cell absent from the data has all zeros). A windowed component reads
+        the partials of its window (``<partial>@N``)."""
+        if self.window != 1:
+            sfx = window_suffix(self.window)
+            partials = {k[:-len(sfx)]: v for k, v in partials.items() if k.endswith(sfx)}
+
         def exact(alias: str) -> int:
             return self.exact_sum(partials, alias)
 

@@ -34,14 +34,24 @@ Intervals (each covers the statistic of the bounded, clamped data, not the clipp
   (coverage above the level); ``stddev``'s interval is its square root (monotone).
 
 Error figures (``expected_abs_error``, ``noise_stddev``: the root-mean-square error) are those
-of the PUBLISHED value. ``sum``: exact for the noise(s) (E|u X_S + mid X_C| summed over the
-count's pmf; the Gaussian's E|.| at its exact sd), public. ``mean``, ``variance``, ``stddev``:
-the estimator's error computed at a plug-in truth (the released values) over the noises'
-discretised laws (:func:`dp_spark.statistics.noise.plugin_error`): every floor and clamp of
-the estimator is in it, so the figure never exceeds the value's range (before: a mean held to
-[0, 500] reported 1,708), and the ratio's and the square root's curvature too (stddev's
-first-order figure under-reported 13-39% at n <= 300). An estimate, not a bound: the plug-in
-truth is itself noisy in small cells.
+of the PUBLISHED value, computed from published values and noise parameters only. ``sum``:
+exact for the noise(s) (E|u X_S + mid X_C| summed over the count's pmf; the Gaussian's E|.| at
+its exact sd), public. ``mean`` and ``variance``: the estimator's error computed at a plug-in
+truth (the released values) over the noises' discretised laws
+(:func:`dp_spark.statistics.noise.plugin_error`): every floor and clamp of the estimator is in
+it, so the figure never exceeds the value's range (before: a mean held to [0, 500] reported
+1,708), and the ratio's curvature too. ``stddev``: the plug-in truth fails where the noise
+dominates (the variance is released as 0 in 20-40% of the cells of 10-20 units, the plug-in
+truth is then 0, where the square root is steepest: it under-reported E|error| by 21-28%), so
+its figure is the released value's expected distance from the standard deviation of the
+truths (n, S, Q) = noisy values - noise that can exist (n >= 1, |S| <= n W, m2 <= W^2, a
+variance >= 0), weighted by the three noises' laws (:func:`stddev_error`): the expected error
+given the published values under a flat prior on (n, S, Q) over its feasible range. With
+little noise every truth is feasible and it is the first-order plug-in figure. The same figure
+for the variance over-reports at 10 units (1.33: the flat prior spreads the truth over
+[0, W^2] while the data's variance sits near its low end), so the variance keeps the plug-in
+figure (within 20% there). All are estimates, not bounds: the plug-in truth is itself noisy in
+small cells, and the posterior's prior is a choice (the coverage table measures both).
 
 Budget split model (relative squared error at the statistic's ``assumed_group_size`` n, a
 public parameter, default 100): sum: (Var nsum + mid^2 Var count) / (n W)^2; mean:
@@ -183,12 +193,12 @@ def _variance(c, s, q, w: float, floor: float):
 
 
 @functools.lru_cache(maxsize=256)
-def spread_error(c: float, s: float, q: float, w: float, floor: float, count_plan, sum_plan, square_plan, *,
-                 root: bool) -> tuple[float, float]:
-    """(E|error|, root-mean-square error) of the published variance (``root``: standard
-    deviation) at the plug-in truth: the released count (floored) and moments (clamped), the
-    three noises on :data:`_SPREAD_NODES` nodes each. Memoised: a cell's figures do not depend
-    on the level, and the variance and the standard deviation of a cell share their inputs."""
+def spread_error(c: float, s: float, q: float, w: float, floor: float, count_plan, sum_plan, square_plan
+                 ) -> tuple[float, float]:
+    """(E|error|, root-mean-square error) of the published variance at the plug-in truth: the
+    released count (floored) and moments (clamped), the three noises on
+    :data:`_SPREAD_NODES` nodes each. Memoised: a cell's figures do not depend on the level.
+    (The standard deviation's figures: :func:`stddev_error`.)"""
     top = w * w
     n = max(c, floor)
     m1 = min(max(s / n, -w), w)
@@ -198,10 +208,43 @@ def spread_error(c: float, s: float, q: float, w: float, floor: float, count_pla
     laws = [law_nodes(p, _SPREAD_NODES) for p in (count_plan, sum_plan, square_plan)]
 
     def estimate(e_c, e_s, e_q):
-        v = _variance(n + e_c, s_hat + e_s, q_hat + e_q, w, floor)
-        return np.sqrt(v) if root else v
+        return _variance(n + e_c, s_hat + e_s, q_hat + e_q, w, floor)
 
-    return plugin_error(estimate, math.sqrt(truth) if root else truth, laws)
+    return plugin_error(estimate, truth, laws)
+
+
+@functools.lru_cache(maxsize=256)
+def stddev_error(c: float, s: float, q: float, w: float, floor: float, count_plan, sum_plan, square_plan
+                 ) -> tuple[float, float]:
+    """(E|error|, root-mean-square error) of the published standard deviation given the
+    published noisy count ``c``, normalised sum ``s`` and sum of centred squares ``q``: its
+    distance from the standard deviation of each truth (n, S, Q) = (c, s, q) - noise that can
+    exist (n >= 1, |S| <= n W, m2 = Q/n + W^2/2 <= W^2, a variance >= 0), weighted by the
+    three noises' laws on :data:`_SPREAD_NODES` nodes each: the expected error given the
+    published values under a flat prior on (n, S, Q) over its feasible range (module
+    docstring). Where the noise is small every node is feasible and this is the plug-in
+    figure's first-order value; where it dominates, the truths the clamps cut away (a negative
+    variance, a count below 1) no longer count, and the truth is not put at 0 when the
+    variance is released as 0. Public: published values and noise parameters only; never
+    more than the range [0, W]. Memoised (a cell's figures do not depend on the level)."""
+    top = w * w
+    value = math.sqrt(float(_variance(c, s, q, w, floor)))
+    (xc, pc), (xs, ps), (xq, pq) = (law_nodes(p, _SPREAD_NODES) for p in (count_plan, sum_plan, square_plan))
+    n = c - xc[:, None, None]
+    big_s = s - xs[None, :, None]
+    big_q = q - xq[None, None, :]
+    ok_n = n >= 1
+    safe_n = np.where(ok_n, n, 1.0)
+    m2 = big_q / safe_n + top / 2
+    var = m2 - (big_s / safe_n) ** 2
+    feasible = ok_n & (np.abs(big_s) <= safe_n * w) & (m2 <= top) & (var >= 0)
+    weight = np.where(feasible, pc[:, None, None] * ps[None, :, None] * pq[None, None, :], 0.0)
+    total = float(weight.sum())
+    if total <= 0:  # no feasible truth on the nodes (published values far outside): the range
+        far = max(value, w - value)
+        return far / 2, far / math.sqrt(3)
+    err = value - np.sqrt(np.clip(var, 0.0, top))
+    return float(np.sum(weight * np.abs(err)) / total), math.sqrt(float(np.sum(weight * err * err)) / total)
 
 
 @register
@@ -283,7 +326,8 @@ class Variance(StatisticKind):
 
     def spread(self, stat, noisy, plans, alpha) -> tuple[float, float, float, tuple]:
         """(variance, lo, hi, key) of one cell: the released variance, its box interval
-        (module docstring), and the arguments of :func:`spread_error` for its figures."""
+        (module docstring), and the arguments of :func:`spread_error` and
+        :func:`stddev_error` for its figures."""
         rows, nsum, nsq = self.components(stat, rows_shared=True)
         pc, ps, pq = plans[rows], plans[nsum], plans[nsq]
         w = float(stat.clamp.half_width)
@@ -303,7 +347,7 @@ class Variance(StatisticKind):
 
     def finish(self, stat, noisy, plans, alpha):
         var, lo, hi, key = self.spread(stat, noisy, plans, alpha)
-        expected, rms = spread_error(*key, root=False)
+        expected, rms = spread_error(*key)
         return cell(var, lo, hi, plan=key[-1], sd=rms, expected=expected)
 
 
@@ -313,5 +357,5 @@ class StdDev(Variance):
 
     def finish(self, stat, noisy, plans, alpha):
         var, lo, hi, key = self.spread(stat, noisy, plans, alpha)
-        expected, rms = spread_error(*key, root=True)
+        expected, rms = stddev_error(*key)
         return cell(math.sqrt(var), math.sqrt(lo), math.sqrt(hi), plan=key[-1], sd=rms, expected=expected)

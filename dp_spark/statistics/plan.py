@@ -36,7 +36,7 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from itertools import product
 from typing import Any, Mapping, Optional
@@ -56,6 +56,65 @@ def key_tuples(key_sets) -> list[tuple[str, ...]]:
     if not key_sets:
         return [()]
     return list(product(*[ks.values for ks in key_sets]))
+
+
+@dataclass(frozen=True)
+class DateFeeds:
+    """How the rows of one day feed the cells of a release with rolling windows.
+
+    The bounded pass works on *expanded* cells: ``cell * n_windows + w`` for the key tuple's
+    row-major index ``cell`` and the index ``w`` of the window length in ``spec.windows``. A
+    row whose date key is ``days[i]`` feeds the expanded cells ``base + t`` for each ``t`` in
+    ``targets[i]``, ``base`` the expanded index of its key tuple with the date key's index 0.
+    Day d's cell of an N-day window covers days d-N+1 .. d, so ``days`` also holds the N-1
+    days before the first declared one (their rows feed the first windows only). Each feed is
+    a row of the bounded pass: the L0, Linf and K cuts then bound (unit, expanded cell) pairs
+    and rows, and every component's sensitivity follows from the bounds as for any cell."""
+
+    column: str
+    days: tuple[str, ...]
+    targets: tuple[tuple[int, ...], ...]
+    n_windows: int
+
+
+def date_feeds(spec) -> Optional["DateFeeds"]:
+    """The :class:`DateFeeds` of a release with rolling windows (None without)."""
+    if not spec.windowed:
+        return None
+    from datetime import date, timedelta
+
+    dated = spec.date_key_set
+    public = spec.public_key_sets
+    at = [i for i, k in enumerate(public) if k is dated][0]
+    stride = 1
+    for k in public[at + 1:]:
+        stride *= len(k.values)
+    windows = spec.windows
+    n_w = len(windows)
+    feeds: dict = {}
+    for j, day in enumerate(dated.values):
+        d = date.fromisoformat(day)
+        for w, n in enumerate(windows):
+            for back in range(n):
+                src = (d - timedelta(days=back)).isoformat()
+                feeds.setdefault(src, set()).add(j * stride * n_w + w)
+    days = tuple(sorted(feeds))
+    return DateFeeds(column=dated.column, days=days, targets=tuple(tuple(sorted(feeds[d])) for d in days),
+                     n_windows=n_w)
+
+
+def split_windows(spec, expanded: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
+    """Partials per expanded cell -> partials per cell, each window's under ``<partial>@N``
+    (:func:`dp_spark.statistics.components.window_suffix`; the day itself without suffix)."""
+    from dp_spark.statistics.components import window_suffix
+
+    windows = spec.windows
+    out: dict[int, dict[str, int]] = {}
+    for e, parts in expanded.items():
+        cell, w = divmod(e, len(windows))
+        sfx = window_suffix(windows[w])
+        out.setdefault(cell, {}).update({f"{k}{sfx}": v for k, v in parts.items()})
+    return out
 
 
 def canonical_key(key_sets, values: tuple[str, ...]) -> str:
@@ -189,7 +248,8 @@ def plan_query(spec) -> QueryPlan:
     kinds = [kind_of(s.kind) for s in spec.statistics]
     alone = [k.components(s, rows_shared=False) for k, s in zip(kinds, spec.statistics)]
     rows_shared = any(c.kind == "rows" for comps in alone for c in comps)
-    per_stat = [k.components(s, rows_shared=rows_shared) for k, s in zip(kinds, spec.statistics)]
+    per_stat = [tuple(replace(c, window=s.window or 1) for c in k.components(s, rows_shared=rows_shared))
+                for k, s in zip(kinds, spec.statistics)]
     comps: list = []
     for cs in per_stat:
         for c in cs:

@@ -19,7 +19,7 @@ import pytest
 
 from dp_spark.core.budget import ApproxDP, PureDP, ZCDP
 from dp_spark.ledger import open_ledger
-from dp_spark.ledger.base import Ledger
+from dp_spark.ledger.store import Ledger
 from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy
 
 UTC = timezone.utc

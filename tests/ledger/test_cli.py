@@ -135,7 +135,7 @@ def _policy_env(tmp_path, name="local"):
 def test_an_edited_cap_is_refused_until_an_admin_accepts_it(tmp_path, monkeypatch):
     import yaml
 
-    from dp_spark.ledger.base import PolicyChangedError
+    from dp_spark.ledger.records import PolicyChangedError
 
     env, budgets = _policy_env(tmp_path)
     url = f"sqlite:{tmp_path}/wh/ledger.db"

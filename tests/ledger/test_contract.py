@@ -18,7 +18,8 @@ from dp_spark.errors import (
     ReleaseConflictError,
 )
 from dp_spark.ledger import ReleaseLimitExceededError, UnknownBudgetError, UnknownReleaseError
-from dp_spark.ledger.base import Ledger, LedgerEntry, PolicyChangedError, Reservation, policy_hash
+from dp_spark.ledger.records import LedgerEntry, PolicyChangedError, Reservation, policy_hash
+from dp_spark.ledger.store import Ledger
 
 UTC = timezone.utc
 EVENT = json.dumps({"kind": "laplace", "scale": "10"})
@@ -446,7 +447,7 @@ def _states(ledger, family):
 
 
 def test_versions_publish_supersede_and_are_idempotent_per_release(ledger, policy, clock):
-    from dp_spark.ledger.base import VersionRecord
+    from dp_spark.ledger.records import VersionRecord
 
     ledger.register_budget(policy("b", cap=1))
     reserve(ledger, "r1", PureDP("0.1"))
@@ -534,7 +535,7 @@ def test_an_older_ledger_gains_the_version_record_on_open(ledger_factory, policy
 
 
 def test_import_versions_adopts_a_history_once(ledger, clock):
-    from dp_spark.ledger.base import VersionRecord
+    from dp_spark.ledger.records import VersionRecord
 
     t = clock.now
     old = [VersionRecord("dau", 1, "r1", "withdrawn", "bad", "bob", t, "carol", t),

@@ -20,7 +20,7 @@ from dp_spark.accountant import DeltaCapExceededError
 from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import BudgetExceededError
 from dp_spark.ledger import ReleaseLimitExceededError
-from dp_spark.ledger.base import PolicyChangedError, policy_hash
+from dp_spark.ledger.records import PolicyChangedError, policy_hash
 from dp_spark.ledger.policy import BudgetPolicy, WindowPolicy, policies_from_dict
 
 EVENT = json.dumps({"type": "noise"})

@@ -17,8 +17,9 @@ import pytest
 
 from dp_spark.core.budget import PureDP
 from dp_spark.errors import BudgetExceededError, LedgerIntegrityError
-from dp_spark.ledger import base
-from dp_spark.ledger.base import SPEND_PREFIX, SqlLedger
+from dp_spark.ledger.dialects import Cursor
+from dp_spark.ledger.schema import SPEND_PREFIX
+from dp_spark.ledger.store import SqlLedger
 
 UTC = timezone.utc
 N = 30  # entries in the seeded chain: more than the tail reserve verifies
@@ -220,7 +221,7 @@ class _Counter:
     def __init__(self, monkeypatch):
         self.rows = 0
         self.macs = 0
-        real_q, real_mac = base.Cursor.q, SqlLedger._mac
+        real_q, real_mac = Cursor.q, SqlLedger._mac
 
         def q(cur, sql, params=()):
             rows = real_q(cur, sql, params)
@@ -231,7 +232,7 @@ class _Counter:
             self.macs += 1
             return real_mac(ledger, domain, *parts)
 
-        monkeypatch.setattr(base.Cursor, "q", q)
+        monkeypatch.setattr(Cursor, "q", q)
         monkeypatch.setattr(SqlLedger, "_mac", mac)
 
     def cost(self, fn):

@@ -2,7 +2,8 @@
 (dp_spark.backends.local) on random data: every statistic kind (count, distinct_units, sum,
 mean, variance, stddev, quantile), every bounding branch (no cell cut, L0 = 1, L0 > 1 with
 Linf < K, the K cut dropping whole (unit, cell) pairs), a ``where``, public keys of string and
-date columns, event-level units, and private keys (the candidate partials and the selection).
+date columns, event-level units, private keys (the candidate partials and the selection),
+rolling windows over a date key and derived week / month keys.
 
 The local backend hashes with Spark's xxhash64, so both keep the very same rows: the partials
 must be EQUAL, not merely within bounds. Seeded test data only (never noise)."""
@@ -131,6 +132,46 @@ def test_event_units_partials_equal(spark, seed):
                  neighbouring="event", statistics=ALL_KINDS[:4])
     got, want = _both(spark, rows, plan)
     assert got == want and sum(p["dp_rows"] for p in want.values()) > 500
+
+
+WINDOWED = [{"name": "dau", "kind": "distinct_units"},
+            {"name": "wau", "kind": "distinct_units", "window": {"days": 2}},
+            {"name": "rows3", "kind": "count", "window": {"days": 3}},
+            {"name": "total2", "kind": "sum", "column": "v", "lower": -10, "upper": 100, "window": {"days": 2}},
+            {"name": "avg", "kind": "mean", "column": "v", "lower": -10, "upper": 100}]
+LATE_DAYS = {"column": "day", "public_keys": {"dates": {"start": "2026-11-02", "end": "2026-11-03"}}}
+SERIES_CASES = {
+    # rolling windows over region x day: the L0 cut binds on (unit, (day, window)) pairs, the
+    # K cut drops whole pairs; rows of 2026-11-01 (before the declared days) feed the first
+    # windows only
+    "windows_l0_cut": dict(bounds={"max_rows_per_unit": 7, "max_partitions_per_unit": 4, "max_rows_per_partition": 2},
+                           group_by=[{"column": "region", "public_keys": {"values": REGIONS}}, LATE_DAYS],
+                           statistics=WINDOWED),
+    # windows over the day alone, no cell cut
+    "windows_no_cut": dict(bounds={"max_rows_per_unit": 40, "max_partitions_per_unit": 6}, group_by=LATE_DAYS,
+                           statistics=WINDOWED),
+    # a derived key: ISO weeks of the declared days (2026-11-01 is a Sunday: two weeks)
+    "bucket_week": dict(bounds={"max_rows_per_unit": 5, "max_partitions_per_unit": 2, "max_rows_per_partition": 3},
+                        group_by=[{"column": "region", "public_keys": {"values": REGIONS}},
+                                  {"column": "day", "bucket": "week",
+                                   "public_keys": {"dates": {"start": "2026-11-01", "end": "2026-11-03"}}}]),
+    "bucket_month": dict(bounds={"max_rows_per_unit": 5, "max_partitions_per_unit": 2},
+                         group_by={"column": "day", "bucket": "month",
+                                   "public_keys": {"dates": {"start": "2026-10-30", "end": "2026-11-02"}}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SERIES_CASES))
+def test_windows_and_buckets_partials_equal(spark, case):
+    plan = _spec(**SERIES_CASES[case])
+    rows = _rows(3)
+    got, want = _both(spark, rows, plan)
+    assert got == want
+    assert len(want) >= (1 if case == "bucket_month" else 2) and all(sum(p.values()) > 0 for p in want.values())
+    if plan.spec.windowed:  # each window's partials are there, and a window holds more than its day
+        names = set().union(*want.values())
+        assert {"dp_units", "dp_units@2", "dp_rows@3", "dp_rows"} <= names
+        assert sum(p.get("dp_rows@3", 0) for p in want.values()) > sum(p.get("dp_rows", 0) for p in want.values())
 
 
 class ZeroNoise(NoiseSource):

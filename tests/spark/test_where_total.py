@@ -12,13 +12,20 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 
 import pytest
 from pyspark.sql import functions as F
 
 from dp_spark.backends.spark import total_where
+from dp_spark.spark import quiet_pyspark_error_logs
 from dp_spark.spec.where import ALLOWED_FUNCTIONS
+
+#: ``DP_SPARK_WHERE_FUZZ=sample`` (the compat run, `make test-compat`) keeps every function and
+#: every one-argument call, and a seeded quarter of each function's two- and three-argument
+#: combinations; the default, ``full``, drives the whole product (`make test`).
+SAMPLE = os.environ.get("DP_SPARK_WHERE_FUZZ", "full") == "sample"
 
 ARITY = {  # functions of more than one argument (the rest are unary here)
     **dict.fromkeys("coalesce ifnull nvl nullif nanvl equal_null greatest least round bround log pow power "
@@ -47,6 +54,8 @@ def _expressions(names, rng):
             combos = list(itertools.product(ARGS if n == 1 else ARGS2, repeat=n))
             if n == 3:
                 combos = rng.sample(combos, 40)
+            if SAMPLE and n > 1:
+                combos = rng.sample(combos, len(combos) // 4)
             for a in combos:
                 yield f"{f}({', '.join(a)})"
     yield from ["extract(YEAR FROM dt)", "extract(DAY FROM ts)", "date_part('MONTH', dt)", "try_cast(s AS INT)",
@@ -59,7 +68,8 @@ def _runtime_failures(spark, df, exprs, total: bool) -> list[str]:
     """Expressions that resolve but raise when evaluated (with or without total_where)."""
     ctx = (lambda: total_where(spark)) if total else (lambda: total_where(spark, active=False))
     resolved = []
-    with ctx():
+    # pyspark logs each analysis error with its stack (thousands here): held silent, as the engine does
+    with ctx(), quiet_pyspark_error_logs():
         for e in exprs:
             try:
                 df.select(F.expr(e)).schema
@@ -68,7 +78,7 @@ def _runtime_failures(spark, df, exprs, total: bool) -> list[str]:
             resolved.append(e)
 
     def run(batch) -> list[str]:
-        with ctx():
+        with ctx(), quiet_pyspark_error_logs():
             try:
                 df.select(*[F.expr(e).isNull().alias(f"c{j}") for j, e in enumerate(batch)]).collect()
                 return []
@@ -88,7 +98,7 @@ def _runtime_failures(spark, df, exprs, total: bool) -> list[str]:
 def test_every_allowed_function_evaluates_on_adversarial_rows_without_error(spark):
     df = _frame(spark)
     exprs = list(_expressions(ALLOWED_FUNCTIONS - SPECIAL, random.Random(25)))
-    assert len(exprs) > 2500
+    assert len(exprs) > (1500 if SAMPLE else 6000)
     assert _runtime_failures(spark, df, exprs, total=True) == []
 
 

@@ -104,7 +104,7 @@ def test_the_coverage_check_fails_on_a_smaller_half_width(honest, monkeypatch, m
     assert not _low(honest[measure], kind), "the unpatched run must pass"
     patch, factor = SHRINK[kind]
     patch(monkeypatch, factor)
-    for cached in (moments.mean_error, moments.spread_error, quantile.quantile_error):
+    for cached in (moments.mean_error, moments.spread_error, moments.stddev_error, quantile.quantile_error):
         cached.cache_clear()
     bad = _low(_run(measure), kind)
     assert bad, f"{kind} ({measure}): half-widths x{factor} still pass the coverage check"

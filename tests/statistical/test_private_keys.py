@@ -152,11 +152,12 @@ def test_delta_is_refused_on_a_release_without_private_keys():
         spec(group_by=[{"column": "region", "public_keys": {"values": ["region_01"]}}])
 
 
-def test_the_single_metric_form_says_private_keys_need_the_statistics_form():
+def test_the_single_metric_form_finds_keys_privately_through_the_rewrite():
     d = {k: v for k, v in SPEC.items() if k not in ("statistics", "group_by")}
     d.update(metric="distinct_units", group_by={"column": "region", "private_keys": {"max_keys": 5}})
-    with pytest.raises(ConfigError, match="multi-statistic form"):
-        release_spec_from_dict(d)
+    s = release_spec_from_dict(d)
+    assert [k.column for k in s.private_key_sets] == ["region"] and s.charge.delta > 0
+    assert plan_query(s).selection.max_tuples == 5
 
 
 # --- the plan: one event, one charge with its delta ------------------------------------------------

@@ -77,7 +77,7 @@ def _exit(argv, capsys) -> tuple[int, str, str]:
 
 
 # -- help and version ------------------------------------------------------------------------
-EXPECTED = ["publish", "plan", "validate", "explore", "refresh", "backfill", "budget", "rollback", "generate-demo"]
+EXPECTED = ["publish", "plan", "validate", "explore", "refresh", "backfill", "budget", "rollback", "show", "generate-demo"]
 
 
 def test_top_level_help_lists_every_command_with_its_one_line_description(capsys):
@@ -153,7 +153,7 @@ def test_unknown_command_missing_command_and_bad_arguments_exit_2(capsys):
     ["refresh", "--conf", str(DAU), "--date", "2026-11-02"], ["backfill", "--conf", str(DAU), "--from", "2026-11-01",
                                                               "--to", "2026-11-02"],
     ["budget", "status"], ["budget", "history", "--budget", "demo_events_user"], ["budget", "verify"],
-    ["rollback", "--family", "dau_daily", "--reason", "r"], ["generate-demo"],
+    ["rollback", "--family", "dau_daily", "--reason", "r"], ["show", "--family", "dau_daily"], ["generate-demo"],
     ["explore", "--conf", str(AOV)],  # only for its default --out (the env's warehouse)
 ])
 def test_a_missing_env_file_is_a_config_error_naming_it(argv, tmp_path, capsys):

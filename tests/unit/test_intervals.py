@@ -194,3 +194,50 @@ def test_the_coverage_table_code_on_a_tiny_run(monkeypatch):
     assert "| count | zcdp | 50 |" in coverage.table(entries)
     # the same releases with half-widths x0.2: the coverage check fails
     assert any("coverage" in line for line in coverage.check(coverage.shrunk(entries, 0.2)))
+
+
+class _Plan:
+    def __init__(self, mechanism, scale, grid_exponent=0):
+        self.mechanism, self.scale, self.grid_exponent = mechanism, Fraction(scale), grid_exponent
+
+
+@pytest.mark.parametrize("mechanism", [LAPLACE, GAUSSIAN])
+def test_stddev_error_is_the_feasible_truths_expectation(mechanism):
+    """The standard deviation's figures against an independent Monte Carlo of their
+    definition: truths (n, S, Q) = published - noise (exact discrete draws), kept where they
+    can exist, the released value's mean |distance| and rms distance from their standard
+    deviations."""
+    from dp_spark.statistics.moments import _variance, stddev_error
+
+    w, top = 50.0, 2500.0
+    pc, ps, pq = _Plan(mechanism, 2), _Plan(mechanism, 40), _Plan(mechanism, 1500)
+    rng = np.random.default_rng(5)
+    draw = {LAPLACE: lambda t, k: rng.geometric(1 - math.exp(-1 / t), k) - rng.geometric(1 - math.exp(-1 / t), k),
+            GAUSSIAN: None}[mechanism]
+    for c, s, q in ((12.0, -230.0, -9000.0), (15.0, -100.0, -18000.0), (400.0, -8000.0, -300000.0)):
+        value = math.sqrt(float(_variance(c, s, q, w, 1.0)))
+        got_abs, got_rms = stddev_error(c, s, q, w, 1.0, pc, ps, pq)
+        k = 400_000
+        if draw is None:  # discrete Gaussian by its exact pmf
+            noise = [rng.choice(x, k, p=p / p.sum()) for x, p in
+                     (_pmf(GAUSSIAN, float(p.scale), int(12 * float(p.scale)) + 2) for p in (pc, ps, pq))]
+        else:
+            noise = [draw(float(p.scale), k) for p in (pc, ps, pq)]
+        n, big_s, big_q = c - noise[0], s - noise[1], q - noise[2]
+        ok = n >= 1
+        n, big_s, big_q = n[ok], big_s[ok], big_q[ok]
+        m2 = big_q / n + top / 2
+        var = m2 - (big_s / n) ** 2
+        keep = (np.abs(big_s) <= n * w) & (m2 <= top) & (var >= 0)
+        err = value - np.sqrt(var[keep])
+        assert got_abs == pytest.approx(float(np.mean(np.abs(err))), rel=0.04)
+        assert got_rms == pytest.approx(math.sqrt(float(np.mean(err * err))), rel=0.04)
+        assert 0 < got_abs <= w and 0 < got_rms <= w
+
+
+def test_stddev_error_stays_in_its_range_when_no_truth_fits():
+    from dp_spark.statistics.moments import stddev_error
+
+    p = _Plan(LAPLACE, 1)
+    e_abs, rms = stddev_error(-50.0, 0.0, 0.0, 50.0, 1.0, p, p, p)  # a count no truth >= 1 explains
+    assert 0 < e_abs <= 50 and 0 < rms <= 50
