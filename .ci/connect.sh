@@ -3,7 +3,7 @@
 # (its jars/ holds spark-connect_2.13; nothing is downloaded), with the Delta jars of .jars/
 # and Delta's SQL extension and catalog. Source this file, then:
 #
-#   connect_start           # SparkConnectServer (local[1] by default) on 127.0.0.1:<free port>;
+#   connect_start           # SparkConnectServer (local[2] by default) on 127.0.0.1:<free port>;
 #                           # exports DP_SPARK_TEST_CONNECT=sc://127.0.0.1:PORT
 #   trap connect_stop EXIT  # stops it and removes the temp dir (safe to call twice)
 #
@@ -12,8 +12,9 @@
 # pyspark's `connect` extra (grpcio, grpcio-status, googleapis-common-protos, zstandard).
 # Usable by hand: `source .ci/connect.sh && connect_start`, or `bash .ci/connect.sh CMD...`.
 #
-# Knobs: CONNECT_MASTER (local[1]; e.g. $DP_SPARK_TEST_MASTER to run on the standalone
-# cluster of .ci/cluster.sh), CONNECT_DRIVER_MEMORY (1g), CONNECT_START_TIMEOUT (120 s),
+# Knobs: CONNECT_MASTER (local[2]: a write held in the middle of its commit keeps one task
+# slot while the run taking it over needs the other, tests/jobs/; e.g. $DP_SPARK_TEST_MASTER
+# to run on the standalone cluster of .ci/cluster.sh), CONNECT_DRIVER_MEMORY (1g), CONNECT_START_TIMEOUT (120 s),
 # DP_SPARK_JARS_DIR (the Delta jars; default <repo>/.jars).
 
 _sc_log() { echo "connect.sh: $*" >&2; }
@@ -55,7 +56,7 @@ connect_start() {
             "$spark_home/bin/spark-submit" \
             --class org.apache.spark.sql.connect.service.SparkConnectServer \
             --name dp_spark-connect-server \
-            --master "${CONNECT_MASTER:-local[1]}" \
+            --master "${CONNECT_MASTER:-local[2]}" \
             --driver-memory "${CONNECT_DRIVER_MEMORY:-1g}" \
             --jars "$jars" \
             --conf spark.connect.grpc.binding.address=127.0.0.1 \
@@ -86,7 +87,7 @@ connect_start() {
     fi
     _SC_PORT="$port"
     export DP_SPARK_TEST_CONNECT="sc://127.0.0.1:$port"
-    _sc_log "Spark Connect server $DP_SPARK_TEST_CONNECT (master ${CONNECT_MASTER:-local[1]}); log $_SC_DIR/server.log"
+    _sc_log "Spark Connect server $DP_SPARK_TEST_CONNECT (master ${CONNECT_MASTER:-local[2]}); log $_SC_DIR/server.log"
 }
 
 connect_stop() {

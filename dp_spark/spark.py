@@ -9,6 +9,9 @@
   settings the launcher left unset get our defaults, ``spark.master`` and ``spark.jars`` are
   never overridden (pass ``--jars $(python -c 'from dp_spark.spark import delta_jar_paths;
   print(",".join(delta_jar_paths()))')`` to ``spark-submit``);
+* ``remote`` (or a ``master`` of the form ``sc://host:port``) names a Spark Connect server ->
+  a Connect session to it is returned (the server owns the Delta configuration; ``extra_conf``
+  is sent as session settings, the static ones are ignored by the server);
 * otherwise a new session is built: ``local[2]`` unless ``master`` says otherwise, the Delta
   jars from ``$DP_SPARK_JARS_DIR`` or ``<repo>/.jars`` (``make jars`` fills it; Ivy /
   ``spark.jars.packages`` is not used), the Delta SQL extension and catalog, UTC session time
@@ -32,6 +35,7 @@ from pyspark.sql import SparkSession
 from dp_spark.errors import ConfigError
 
 __all__ = [
+    "CONNECT_SCHEME",
     "DEFAULT_MASTER",
     "JARS_DIR_ENV",
     "delta_jar_paths",
@@ -41,6 +45,8 @@ __all__ = [
 ]
 
 DEFAULT_MASTER = "local[2]"
+#: a master URL with this prefix is a Spark Connect server (``sc://host:port``)
+CONNECT_SCHEME = "sc://"
 JARS_DIR_ENV = "DP_SPARK_JARS_DIR"
 
 _DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
@@ -207,6 +213,7 @@ def get_or_create_session(
     *,
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
     """Return the active SparkSession, or build one configured for Delta Lake.
 
@@ -219,6 +226,10 @@ def get_or_create_session(
         exists or when ``spark-submit`` already chose the master.
     extra_conf:
         Extra Spark settings, applied after (and overriding) the defaults of a new session.
+    remote:
+        A Spark Connect URL (``sc://host:port``): connect to that server instead of building a
+        local JVM (nothing of this module's JVM defaults applies; the server owns them). A
+        ``master`` starting with ``sc://`` means the same.
 
     Raises
     ------
@@ -231,6 +242,16 @@ def get_or_create_session(
 
     extra = {str(k): str(v) for k, v in (extra_conf or {}).items()}
     builder = SparkSession.builder
+
+    if remote is None and master is not None and master.startswith(CONNECT_SCHEME):
+        remote = master
+    if remote is not None:
+        # Spark Connect: no JVM here; the settings travel as session settings (the server
+        # ignores the static ones silently)
+        builder = builder.remote(remote).appName(app_name)
+        for key, value in extra.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
 
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Launched by spark-submit: the JVM already runs with the launcher's conf. Connect to

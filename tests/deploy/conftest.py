@@ -21,7 +21,11 @@ from typing import Optional, Sequence
 
 import pytest
 
-from tests.jobs.conftest import write_env  # the e2e tests' throwaway project tree
+from tests.jobs.conftest import (  # noqa: F401  (connect_url: the session's one Connect server)
+    connect_url,
+    require_service,
+    write_env,  # the e2e tests' throwaway project tree
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PRINCIPAL = "publisher_bob"  # a publisher in the throwaway access policy of write_env
@@ -29,27 +33,10 @@ BUDGET = "demo_events_user"
 START = date(2026, 11, 1)  # the demo data and conf/releases/dau_daily.yaml cover Nov 2026
 
 
-def require_service(var: str, what: str) -> str:
-    """The value of ``$var``; skip when unset, but fail under CI=true."""
-    value = os.environ.get(var)
-    if value:
-        return value
-    msg = f"{what} not available: ${var} is unset (start it with .ci/{'cluster' if 'MASTER' in var else 'connect'}.sh)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg + " -- CI must run this test", pytrace=False)
-    pytest.skip(msg)
-
-
 @pytest.fixture
 def standalone_master() -> str:
     """$DP_SPARK_TEST_MASTER (.ci/cluster.sh), checked before any other fixture is built."""
     return require_service("DP_SPARK_TEST_MASTER", "a Spark standalone cluster")
-
-
-@pytest.fixture
-def connect_url() -> str:
-    """$DP_SPARK_TEST_CONNECT (.ci/connect.sh), checked before any other fixture is built."""
-    return require_service("DP_SPARK_TEST_CONNECT", "a Spark Connect server")
 
 
 def spark_home() -> Path:

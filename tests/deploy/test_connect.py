@@ -25,13 +25,10 @@ from .conftest import BUDGET, PRINCIPAL, ROOT, START, child_env, env_spec, run_b
 
 CLIENT_TIMEOUT = 600
 
-# Guarded fallbacks still in the code: each catches the Connect error and carries on
-# (no job description on Connect; the principal from SQL current_user()). They are listed
-# in docs/deploy.md with their fix; remove an entry here once it is fixed.
+# Guarded fallbacks still in the code: each catches the Connect error and carries on (the
+# principal from SQL current_user()). Listed in docs/deploy.md; remove an entry once fixed.
 ALLOWED_CLASSIC_ACCESS = {
-    ("dp_spark/engine.py", "_stage", "sparkContext"),
     ("dp_spark/governance/access.py", "resolve_principal_with_source", "sparkContext"),
-    ("dp_spark/engine.py", "current_principal", "sparkContext"),
 }
 
 CLIENT = r'''
@@ -41,9 +38,9 @@ from datetime import date
 
 root, url, env_file, spec_file, day, out = sys.argv[1:]
 sys.path.insert(0, root)
-from pyspark.sql import SparkSession
+from dp_spark.spark import get_or_create_session
 
-spark = SparkSession.builder.remote(url).getOrCreate()
+spark = get_or_create_session("dp_spark-connect-test", master=url)  # an sc:// master: Connect
 from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 from pyspark.sql.connect.session import SparkSession as ConnectSession
 

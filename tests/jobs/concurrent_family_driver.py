@@ -7,7 +7,8 @@ daily refresh, then ``finish()``. Barriers (files in SYNC_DIR) make the runs ove
                      N runs published (bounded), so that every finish() sees the others'
                      releases committed but not yet versioned
 
-Usage: python concurrent_family_driver.py ENV_FILE DAY SYNC_DIR N
+Usage: python concurrent_family_driver.py ENV_FILE DAY SYNC_DIR N [CONNECT_URL]
+(with CONNECT_URL the run is a Spark Connect client of that server instead of a local session)
 Prints one JSON line {"day", "release_id", "status"}; exits 0 only when finish() succeeded.
 """
 
@@ -31,14 +32,14 @@ def wait_for(pred, what: str, timeout: float = 300) -> None:
         time.sleep(0.1)
 
 
-def main(env_file: str, day: str, sync_dir: str, n: int) -> int:
+def main(env_file: str, day: str, sync_dir: str, n: int, remote: str | None = None) -> int:
     from dp_spark.config import load_env, load_release_spec
     from dp_spark.engine import Engine
     from dp_spark.schedule import day_spec
     from dp_spark.spark import get_or_create_session
 
     sync = Path(sync_dir)
-    spark = get_or_create_session(f"dp_spark-concurrent-{day}", master="local[1]")
+    spark = get_or_create_session(f"dp_spark-concurrent-{day}", master="local[1]", remote=remote)
     env = load_env(env_file)
     spec = day_spec(load_release_spec(Path(env_file).parents[1] / "releases" / "dau_daily.yaml"),
                     date.fromisoformat(day))
@@ -55,4 +56,4 @@ def main(env_file: str, day: str, sync_dir: str, n: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6]))

@@ -78,14 +78,50 @@ def demo_input(spark, tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def warehouse(tmp_path, demo_input):
-    """A fresh env whose demo_events dataset is a private copy of the demo input."""
-    env_file = write_env(tmp_path)
-    target = tmp_path / "wh" / "input" / "demo_events"
+def make_warehouse(base: Path, demo_input: Path, **kw) -> Path:
+    """A fresh env under ``base`` (write_env) whose demo_events dataset is a private copy of
+    ``demo_input``; returns its env file."""
+    env_file = write_env(base, **kw)
+    target = base / "wh" / "input" / "demo_events"
     target.parent.mkdir(parents=True)
     shutil.copytree(demo_input, target)
     return env_file
+
+
+@pytest.fixture
+def warehouse(tmp_path, demo_input):
+    """A fresh env whose demo_events dataset is a private copy of the demo input."""
+    return make_warehouse(tmp_path, demo_input)
+
+
+def require_service(var: str, what: str) -> str:
+    """The value of ``$var`` (a service started outside pytest by .ci/cluster.sh or
+    .ci/connect.sh); skip when unset, but FAIL under CI=true: CI must not go green without it."""
+    value = os.environ.get(var)
+    if value:
+        return value
+    msg = f"{what} not available: ${var} is unset (start it with .ci/{'cluster' if 'MASTER' in var else 'connect'}.sh)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(msg + " -- CI must run this test", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def connect_url() -> str:
+    """$DP_SPARK_TEST_CONNECT: the one Spark Connect server of the test session (.ci/connect.sh,
+    started by .ci/test.sh), shared by every Connect test."""
+    return require_service("DP_SPARK_TEST_CONNECT", "a Spark Connect server")
+
+
+#: the backends the at-most-once tests run on: a local session (a JVM in the driver process)
+#: and Spark Connect (the driver process is a client; the JVM is the server's)
+BACKENDS = ("local", "connect")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str | None:
+    """None for a local session; the Connect URL (its test skipped / failed as connect_url says)."""
+    return request.getfixturevalue("connect_url") if request.param == "connect" else None
 
 
 def child_env() -> dict[str, str]:

@@ -1,7 +1,13 @@
 """One run of the at-most-once tests (tests/jobs/test_kill_stages.py): publish a spec of an
-env, official, one release.
+env, official, one release; or rerun it on several envs.
 
-    python kill_driver.py ENV_FILE SPEC_NAME SYNC_DIR [--stop-at STAGE]
+    python kill_driver.py [--remote URL] publish ENV_FILE SPEC_NAME SYNC_DIR [--stop-at STAGE]
+    python kill_driver.py [--remote URL] rerun SPEC_NAME ENV_FILE [ENV_FILE ...]
+
+Without ``--remote`` the run builds a local session (local[1], its own JVM, a child of this
+process); with ``--remote sc://host:port`` it is a Spark Connect client of that server (no JVM
+here: the server runs the Spark jobs and the Delta commits, and keeps running when this
+process is killed).
 
 ``--stop-at STAGE``: when the run reaches STAGE it creates ``SYNC_DIR/at.STAGE`` and waits there
 for ever: the test then kills it (kill -9 of its process group). Stages, in the order a release
@@ -17,8 +23,10 @@ goes through them:
     refresh        during the refresh of the derived Delta tables (the ledger mirror's write, in
                    the background: the run waits for it in ``close()``)
 
-Prints one JSON line {"status", "release_id", "charge", "cells": [[statistic, key, value], ...]}
-when the run ends; exits 0 then.
+``publish`` prints one JSON line {"status", "release_id", "charge", "family", "table_path",
+"cells": [[statistic, key, value], ...]} when the run ends; ``rerun`` publishes the spec on each
+env in turn (one engine each, closed: the derived tables refreshed) and prints one such line per
+env, in order. Exit 0 then.
 """
 
 from __future__ import annotations
@@ -70,33 +78,50 @@ def _install(stage: str, sync: Path) -> None:
         raise SystemExit(f"unknown stage {stage}")
 
 
+def _publish(spark, env_file: str, spec_name: str) -> dict:
+    from dp_spark.config import load_env, load_release_spec
+    from dp_spark.engine import Engine
+
+    env = load_env(env_file)
+    spec = load_release_spec(Path(env_file).parents[1] / "releases" / f"{spec_name}.yaml")
+    engine = Engine(env, spark=spark, principal="publisher_bob")
+    try:
+        result = engine.publish(spec)
+    finally:
+        engine.close()
+    return {"status": result.status, "release_id": result.release_id,
+            "charge": None if result.charge is None else str(result.charge),
+            "family": result.family, "table_path": result.table_path,
+            "cells": sorted([r["statistic"], r["key"], r["value"]] for r in result.rows)}
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("env_file")
-    ap.add_argument("spec")
-    ap.add_argument("sync")
-    ap.add_argument("--stop-at", choices=STAGES)
+    ap.add_argument("--remote", help="a Spark Connect URL; default: a local session")
+    sub = ap.add_subparsers(dest="command", required=True)
+    pub = sub.add_parser("publish")
+    pub.add_argument("env_file")
+    pub.add_argument("spec")
+    pub.add_argument("sync")
+    pub.add_argument("--stop-at", choices=STAGES)
+    rerun = sub.add_parser("rerun")
+    rerun.add_argument("spec")
+    rerun.add_argument("env_files", nargs="+")
     args = ap.parse_args(argv)
-    sync = Path(args.sync)
 
-    from dp_spark.spark import get_or_create_session
+    from dp_spark.spark import get_or_create_session, is_connect_session
 
-    spark = get_or_create_session("dp_spark-kill-driver", master="local[1]")
-    from dp_spark.config import load_env, load_release_spec
-    from dp_spark.engine import Engine
-
-    env = load_env(args.env_file)
-    spec = load_release_spec(Path(args.env_file).parents[1] / "releases" / f"{args.spec}.yaml")
-    if args.stop_at:
-        _install(args.stop_at, sync)
-    engine = Engine(env, spark=spark, principal="publisher_bob")
-    result = engine.publish(spec)
-    engine.close()
-    print(json.dumps({"status": result.status, "release_id": result.release_id,
-                      "charge": None if result.charge is None else str(result.charge),
-                      "cells": sorted([r["statistic"], r["key"], r["value"]] for r in result.rows)}), flush=True)
+    spark = get_or_create_session("dp_spark-kill-driver", master="local[1]", remote=args.remote)
+    assert is_connect_session(spark) == bool(args.remote), type(spark)
+    if args.command == "publish":
+        if args.stop_at:
+            _install(args.stop_at, Path(args.sync))
+        print(json.dumps(_publish(spark, args.env_file, args.spec)), flush=True)
+    else:
+        for env_file in args.env_files:
+            print(json.dumps(_publish(spark, env_file, args.spec)), flush=True)
     spark.stop()
     return 0
 

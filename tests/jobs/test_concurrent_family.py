@@ -1,7 +1,8 @@
 """Concurrent releases of one family (issue 13, item 3).
 
 N real processes publish different one-day restrictions of ``dau_daily`` (as two ``--date``
-backfills of the daily refresh would) on one throwaway env and SQLite ledger, start together,
+backfills of the daily refresh would) on one throwaway env and SQLite ledger, each on its own
+local session or each a Spark Connect client of the test session's one server, start together,
 and call ``finish()`` only once all of them have published: each finish() sees the others'
 releases committed but not yet versioned. All must exit 0; every release is versioned exactly
 once and the statement written last lists all of them.
@@ -109,7 +110,7 @@ def small_input(spark, tmp_path_factory) -> Path:
     return path
 
 
-def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input):
+def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input, backend):
     import shutil
 
     from dp_spark.config import load_env
@@ -120,7 +121,8 @@ def test_concurrent_runs_of_one_family_all_finish(spark, tmp_path, small_input):
     shutil.copytree(small_input, tmp_path / "wh" / "input" / "demo_events")
     sync = tmp_path / "sync"
     sync.mkdir()
-    procs = [subprocess.Popen([sys.executable, str(DRIVER), str(env_file), day, str(sync), str(len(DAYS))],
+    remote = [backend] if backend else []  # a Connect URL, or a local session each
+    procs = [subprocess.Popen([sys.executable, str(DRIVER), str(env_file), day, str(sync), str(len(DAYS)), *remote],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                               cwd=str(ROOT), start_new_session=True, stdin=subprocess.DEVNULL)
              for day in DAYS]
