@@ -107,6 +107,11 @@ def error(message: str, file: Any = None) -> None:
     print(f"dp-spark: error: {message}", file=file or sys.stderr)
 
 
+def warning(message: str, file: Any = None) -> None:
+    """A warning line: ``dp-spark: warning: MESSAGE`` on stderr (the command still succeeds)."""
+    print(f"dp-spark: warning: {message}", file=file or sys.stderr)
+
+
 def env_option(default: Any = None) -> Callable:
     return click.option("--env", default=default, metavar="ENV", help=ENV_HELP)
 
@@ -166,4 +171,4 @@ def closed_pipe_safe(fn: Callable[[], int]) -> int:
 
 
 __all__ = ["Command", "Context", "DEFAULT_ENV", "ENV_VAR", "EXIT_CLOSED_PIPE", "Formatter", "Group",
-           "closed_pipe_safe", "description", "env_option", "error", "parse", "run"]
+           "closed_pipe_safe", "description", "env_option", "error", "parse", "run", "warning"]

@@ -313,7 +313,7 @@ def test_validate_checks_the_access_policy_for_the_principal(tmp_path, monkeypat
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"], capsys)
     assert rc == 0, err
     assert ": ok (aov_by_region" in out and "access: publisher_bob (--principal) may publish it (official)" in out
-    assert "no ledger yet" in out and "checked against the input's schema at publish" in out
+    assert "no ledger yet" in out and "input columns: not checked (--with-data" in out
     # an analyst may not publish officially; an unlisted principal gets nothing (default deny)
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "analyst_alice"], capsys)
     assert rc == 2 and "ok (" not in out
