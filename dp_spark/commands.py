@@ -36,6 +36,7 @@ from dp_spark.governance.access import (
 from dp_spark.ledger import open_ledger
 from dp_spark.ledger.base import UnknownBudgetError
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
+from dp_spark.spec.errors import did_you_mean
 from dp_spark.schedule import DayResult, backfill, day_spec, days_between, today_utc
 
 log = logging.getLogger("dp_spark.commands")
@@ -278,6 +279,10 @@ def rollback(env: EnvConfig, family: str, reason: str) -> tuple[str, Optional[st
     spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
     principal = resolve_principal_with_source(spark, env_name=env.name)[0]
     with open_ledger(env.ledger_url) as ledger:
+        families = {v.family for v in ledger.versions()}
+        if family not in families:  # names only: the families this env has published
+            raise ConfigError(f"--family: no release of family '{family}' was published with this env"
+                              f"{did_you_mean(family, families)} (its families: {', '.join(sorted(families)) or 'none'})")
         return rollback_family(spark, env=env, family=family, principal=principal, reason=reason,
                                ledger=ledger, access=access)
 

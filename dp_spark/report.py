@@ -39,7 +39,8 @@ def cells_text(spec: ReleaseSpec) -> str:
     bound = "at most " if spec.private_key_sets else ""
     keys = f"{spec.cells:,} key{'s' if spec.cells != 1 else ''}"
     stats = f"{len(names)} statistic{'s' if len(names) != 1 else ''}: {', '.join(names)}"
-    return f"{bound}{spec.cells * len(names):,} cells ({bound}{keys} x {stats})"
+    n = spec.cells * len(names)
+    return f"{bound}{n:,} cell{'s' if n != 1 else ''} ({bound}{keys} x {stats})"
 
 
 def _fmt_budget(b) -> str:
@@ -63,7 +64,8 @@ def print_summary(spec: ReleaseSpec, result, statement_path: Optional[Path], fil
     f = file or sys.stdout
     declared = cells_text(spec)
     n = len(result.rows)
-    shown_cells = declared if declared.startswith(f"{n:,} cells") else f"{n:,} cells; the spec declares {declared}"
+    counted = f"{n:,} cell{'s' if n != 1 else ''}"
+    shown_cells = declared if declared.startswith(f"{counted} (") else f"{counted}; the spec declares {declared}"
     print(f"== {spec.name}: {result.status} ({shown_cells})", file=f)
     print(f"   release_id: {result.release_id}", file=f)
     print(f"   table:      {result.table_path}", file=f)

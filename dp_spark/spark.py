@@ -38,6 +38,7 @@ __all__ = [
     "get_or_create_session",
     "is_connect_session",
     "jars_dir",
+    "log4j2_file",
 ]
 
 DEFAULT_MASTER = "local[2]"
@@ -124,7 +125,7 @@ def quiet_pyspark_error_logs() -> Iterator[None]:
             q.setLevel(level)
 
 
-def _log4j2_file() -> str:
+def log4j2_file() -> str:
     """The log4j2 file of :data:`LOG4J2_PROPERTIES` in the temp directory, named by its
     content (written once, atomically); its root level is ``$DP_SPARK_JVM_LOG_LEVEL`` when set
     (the CLI's default: error)."""
@@ -271,7 +272,7 @@ def get_or_create_session(
         conf["spark.driver.host"] = local_ip
         conf["spark.driver.bindAddress"] = local_ip
     # the JVM starts here: its console log withholds failed tasks' texts (LOG4J2_PROPERTIES)
-    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j2_file()}"
     conf.update(extra)
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -163,14 +163,16 @@ def _conf(multiple: bool = True, text: str = "release spec YAML; repeatable"):
 PUBLISH_EPILOG = """\
 how several specs are published:
   1. every spec is validated first (spec and env files, access and pre-registration, budget
-     policy, measure and per-release maximum, dataset binding, output and input schemas
+     policy, measure and per-release maximum, dataset binding, every column the spec reads
+     against the input's schema (its Delta log: no row read), output and input schemas
      through a lazy plan). Any refusal here stops the job before the first charge: each
      refused spec's error is printed; nothing is published or charged, and no release
      table, salt or ledger is created (a refused permission is recorded in the audit log).
   2. then each spec is published in turn; a failure (an exhausted budget, a lost input, ...)
-     does not stop the others. Every spec's outcome is printed in order: its summary, or its
-     error (never data values). The releases that succeeded are then versioned together and
-     get their privacy statements.
+     does not stop the others; a charge the budget refuses creates no table, salt or
+     statement. Every spec's outcome is printed in order: its summary, or its error (never
+     data values). The releases that succeeded are then versioned together and get their
+     privacy statements.
 
 exit codes:
   0  every spec was published (or served: cache hit, returned_existing, degraded)

@@ -386,7 +386,7 @@ def test_cli_job_runs(spark, warehouse, capsys, monkeypatch):
     rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--date", "2026-11-07", "--quiet"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "published (1 cells)" in out
+    assert "published (1 cell (1 key x 1 statistic: distinct_units))" in out
     rc = publish_main(["--env", str(warehouse), "--conf", str(DAU), "--date", "2027-01-01", "--quiet"])
     assert rc == 2
 

@@ -187,3 +187,15 @@ def test_an_exhausted_budget_leaves_no_table_salt_or_statement(spark, tmp_path, 
         eng.publish(register(env_file, "aov_by_region"))
     eng.close()
     assert files(out_root) == before and not_ledger(wh) == before_wh
+
+
+def test_rollback_of_an_unknown_family_names_a_close_one(spark, warehouse, capsys, monkeypatch):
+    from dp_spark.cli import rollback_main
+
+    rc, out, err = _publish(warehouse, str(register(warehouse, "dau_daily").source), capsys)
+    assert rc == 0, err
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", "admin_carol")
+    rc = rollback_main(["--env", str(warehouse), "--family", "dau_dialy", "--reason", "typo"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "no release of family 'dau_dialy'" in err and "(did you mean 'dau_daily'?)" in err
+    assert "its families: dau_daily" in err

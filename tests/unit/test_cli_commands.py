@@ -229,6 +229,21 @@ def test_budget_status_history_verify_read_the_env_ledger(tmp_path, capsys):
     assert rc == 0 and "ledger verified" in out
     rc, _, err = _exit(["budget", "history", "--env", str(env), "--budget", "nope"], capsys)
     assert rc == 1 and err.startswith("dp-spark: error: ") and "unknown budget 'nope'" in err
+    # a typo: the close name and every budget there is
+    for sub in ("status", "history"):
+        rc, _, err = _exit(["budget", sub, "--env", str(env), "--budget", "demo_event_user"], capsys)
+        assert rc == 1 and "unknown budget 'demo_event_user' (did you mean 'demo_events_user'?)" in err, err
+        assert "the budgets are demo_events_user, demo_events_user_pure" in err
+
+
+def test_budget_amounts_are_decimals_not_fractions(tmp_path, capsys):
+    env = make_project(tmp_path)
+    spend(tmp_path, releases=3, charge="1/3")
+    rc, out, err = _exit(["budget", "status", "--env", str(env), "--budget", "demo_events_user"], capsys)
+    assert rc == 0, err
+    assert "rho=0.333333" in out and "1/3" not in out and "exactly" not in out
+    rc, out, err = _exit(["budget", "status", "--env", str(env), "--budget", "demo_events_user", "--json"], capsys)
+    assert rc == 0 and '"1/3"' in out  # the exact fraction stays in the JSON for machines
 
 
 def test_env_from_another_folder_resolves_against_the_env_files_root(tmp_path):
