@@ -216,16 +216,6 @@ class PrivateKeysModel(SpecModel):
         None, description="fraction of the release's charge spent on selecting the keys (default 0.25)")
 
 
-class SingleGroupByModel(SpecModel):
-    """``group_by`` of the single-metric form: one column and its public keys."""
-
-    column: Column = Field(description="the key column")
-    public_keys: PublicKeysModel = Field(description="its declared keys")
-
-    def key_set(self, run_date: date) -> PublicKeys:
-        return self.public_keys.resolve(self.column, run_date)
-
-
 class GroupByEntryModel(SpecModel):
     """One ``group_by`` entry of the multi-statistic form."""
 
@@ -245,6 +235,13 @@ class GroupByEntryModel(SpecModel):
         if self.private_keys is not None:
             return PrivateKeys(column=self.column, max_keys=self.private_keys.max_keys, share=self.private_keys.share)
         return self.public_keys.resolve(self.column, run_date)
+
+
+class SingleGroupByModel(GroupByEntryModel):
+    """``group_by`` of the single-metric form: one column with its public keys, or with keys
+    selected privately (the spec is rewritten into the statistics form, which runs both)."""
+
+    model_config = ConfigDict(title="SingleGroupByModel")
 
 
 class ValueModel(SpecModel):
@@ -457,7 +454,8 @@ class _SpecBase(SpecModel):
             n_cells = n_keys * len(statistics)
         else:
             metric = self.metric
-            n_keys = n_cells = 1 if not key_sets else len(key_sets[0].values)
+            n_keys = n_cells = (1 if not key_sets else key_sets[0].max_keys if isinstance(key_sets[0], PrivateKeys)
+                                else len(key_sets[0].values))
             if metric in ("sum", "mean"):
                 if self.value is None:
                     err(("value",), "is required")
@@ -590,7 +588,7 @@ class SingleMetricSpec(_SpecBase):
     model_config = ConfigDict(title="single-metric release spec")
     metric: Literal["count", "distinct_units", "sum", "mean"] = Field(
         description="count (rows), distinct_units, sum or mean (of value): the single-metric form")
-    group_by: Optional[SingleGroupByModel] = Field(None, description="one key column and its public keys")
+    group_by: Optional[SingleGroupByModel] = Field(None, description="one key column and its public or private keys")
     value: Optional[ValueModel] = Field(None, description="sum, mean: the value column and its clamp bounds")
     mean: Optional[MeanOptionsModel] = Field(None, description="mean: its public options")
 
@@ -627,8 +625,6 @@ _DROP_FORM = ("a release with 'statistics' declares its value columns per statis
               "and 'mean'")
 _WRONG_FORM = {
     ("multi", "metric"): _DROP_FORM, ("multi", "value"): _DROP_FORM, ("multi", "mean"): _DROP_FORM,
-    ("single", "group_by.private_keys"): "keys found privately need the multi-statistic form (a 'statistics' "
-                                         "list and a 'group_by' list); see docs/config.md",
 }
 
 

@@ -188,3 +188,29 @@ def test_distinct_units_alone_with_public_and_private_keys(spark):
             assert got.get("a") == 40  # 'a' has 40 units: selected; 'b' (10) may or may not be
         else:
             assert {i: p["dp_units"] for i, p in got.items()} == {0: 40, 1: 10}
+
+
+def test_old_metric_form_finds_keys_privately_through_the_rewrite(spark, warehouse):
+    """A single-``metric`` spec with ``private_keys`` (rewritten into the statistics form) runs
+    the one engine path: regions found with DP, one charge carrying delta, a rerun is a cache
+    hit; a lone unit's region never appears."""
+    env = load_env(warehouse)
+    loc = env.dataset_location("demo_events")
+    _lonely_units(spark, loc, 1).write.format("delta").mode("append").save(loc)
+    d = {"name": "mean_by_found_region", "family": "mean_by_found_region", "dataset": "demo_events",
+         "privacy_unit": {"kind": "user", "column": "user_id"}, "metric": "mean",
+         "group_by": {"column": "region", "private_keys": {"max_keys": 50}},
+         "value": {"column": "order_value", "lower": 0, "upper": 500},
+         "bounds": {"max_rows_per_unit": 5, "max_partitions_per_unit": 2},
+         "budget": {"id": "demo_events_user", "measure": "zcdp", "rho": 0.1, "delta": 1e-8}}
+    spec = register(warehouse, "mean_by_found_region", d)
+    assert spec.metric == "mean" and spec.private_key_sets
+    eng = Engine(env, spark=spark, principal="publisher_bob")
+    r = eng.publish(spec)
+    assert r.status == "published" and r.charge == spec.charge
+    regions = {row["keys"]["region"] for row in r.rows}
+    assert regions and all(k.startswith("region_") for k in regions)
+    assert {row["statistic"] for row in r.rows} == {"count", "mean"}
+    again = Engine(load_env(warehouse), spark=spark, principal="publisher_bob").publish(spec)
+    assert again.status == "cache_hit" and again.charge is None
+    assert len(eng.ledger.entries(spec.budget_id)) == 1

@@ -92,7 +92,9 @@ def test_one_error_keeps_the_parsers_format_and_wrong_form_fields_say_why():
                          "statistic: drop 'metric', 'value' and 'mean'")
     d = _spec(SINGLE)
     d["group_by"]["private_keys"] = {"max_keys": 5}
-    assert "multi-statistic form" in _error(d)
+    assert "give exactly one of 'public_keys'" in _error(d)  # both kinds of keys on one column
+    del d["group_by"]["public_keys"]
+    assert "field 'budget.delta'" in _error(d)  # the old form finds keys privately too: it spends delta
     d = _spec(MULTI)
     d["statistics"][0] = {"name": "x", "kind": "distinct", "column": "region"}
     assert "statistics[0].kind" in _error(d) and "distinct_units" in _error(d)
