@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -36,6 +36,7 @@ from dp_spark.governance.access import (
 from dp_spark.ledger import open_ledger
 from dp_spark.ledger.records import UnknownBudgetError
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
+from dp_spark.spec.errors import did_you_mean
 from dp_spark.schedule import DayResult, backfill, day_spec, days_between, today_utc
 
 log = logging.getLogger("dp_spark.commands")
@@ -203,18 +204,40 @@ class Checker:
     principal: str
     principal_source: str
     mode: str
+    #: also check the columns the spec reads against the input's schema (starts Spark)
+    with_data: bool = False
+    _spark: list = field(default_factory=list, compare=False, repr=False)
+
+    def input_columns(self, spec: ReleaseSpec) -> None:
+        """Every column ``spec`` reads against its input's schema, read from the Delta log
+        (the DataFrame reader's schema: no row read; :func:`dp_spark.precheck.check_input_columns`,
+        which publish runs too). Starts a Spark session (once per checker)."""
+        from dp_spark.delta.release_table import delta_schema  # pyspark
+        from dp_spark.errors import SchemaError
+        from dp_spark.spark import get_or_create_session
+
+        if not self._spark:
+            self._spark.append(get_or_create_session(master=self.env.master, extra_conf=dict(self.env.spark_conf)))
+        location = self.env.dataset_location(spec.dataset)
+        schema = delta_schema(self._spark[0], location)
+        if schema is None:
+            raise SchemaError(f"{spec.source}: dataset '{spec.dataset}' has no Delta table at '{location}'")
+        precheck.check_input_columns(spec, *precheck.schema_names(schema))
 
     def check(self, spec: ReleaseSpec) -> SpecCheck:
         """Budget policy (declared, measure, dataset, unit), per-release and delta limits, the
         dataset binding in the env, access and pre-registration for the principal (not
         audited), and the charge against what is left of the budget now. Raises the
         DpSparkError publish would raise; reads no data, starts no Spark, creates nothing.
-        The columns the spec reads are not checked here: the env declares no input schema, so
-        publish checks them against the input's own schema (a lazy plan, before any charge)."""
+        With ``with_data``, the columns the spec reads are checked against the input's schema
+        (:meth:`input_columns`: starts Spark, reads no row); publish checks them likewise,
+        before any charge."""
         policy = precheck.policy_for(spec, self.policies, self.env.policies)
         precheck.check_charge_limits(spec, policy)
         self.env.dataset_location(spec.dataset)
         precheck.check_access(self.access, self.principal, spec, self.mode)
+        if self.with_data:
+            self.input_columns(spec)
         if not spec.charge.fits_in(policy.cap):  # over the whole cap: refused whatever the ledger says
             precheck.require_fit(precheck.BudgetLeft(spec.budget_id, policy.cap, None), spec, policy)
         try:
@@ -228,7 +251,7 @@ class Checker:
 
 
 def checker(env: EnvConfig, *, principal: Optional[str] = None, mode: str = "official",
-            environ: Optional[Mapping[str, str]] = None) -> Checker:
+            environ: Optional[Mapping[str, str]] = None, with_data: bool = False) -> Checker:
     """A :class:`Checker` for ``env``; ``principal`` defaults to the one a job would run as
     (without Spark: ``$DP_SPARK_PRINCIPAL`` where honoured, else the OS user). A principal
     given is a declared identity: matched strictly, as with ``$DP_SPARK_PRINCIPAL`` (the local
@@ -241,7 +264,8 @@ def checker(env: EnvConfig, *, principal: Optional[str] = None, mode: str = "off
         environ = {**environ, PRINCIPAL_ENV: principal}
     else:
         who, source = resolve_principal_with_source(None, environ, env_name=env.name)
-    return Checker(env, load_policies(env.policies), access_policy_for_env(env, environ), who, source, mode)
+    return Checker(env, load_policies(env.policies), access_policy_for_env(env, environ), who, source, mode,
+                   with_data=with_data)
 
 
 # -- plan ----------------------------------------------------------------------------------------
@@ -263,6 +287,10 @@ def rollback(env: EnvConfig, family: str, reason: str) -> tuple[str, Optional[st
     spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
     principal = resolve_principal_with_source(spark, env_name=env.name)[0]
     with open_ledger(env.ledger_url) as ledger:
+        families = {v.family for v in ledger.versions()}
+        if family not in families:  # names only: the families this env has published
+            raise ConfigError(f"--family: no release of family '{family}' was published with this env"
+                              f"{did_you_mean(family, families)} (its families: {', '.join(sorted(families)) or 'none'})")
         return rollback_family(spark, env=env, family=family, principal=principal, reason=reason,
                                ledger=ledger, access=access)
 

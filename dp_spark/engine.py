@@ -5,7 +5,7 @@
     spec -> validate (access, policy, per-release maximum, snapshot pin, release_id, output
             and input schemas through the lazy Spark plan: nothing created, nothing charged)
       -> ledger: committed? -> stored release
-      -> release table, salt -> reserve budget (exactly once)
+      -> reserve budget (exactly once) -> release table, salt (nothing created before the charge)
       -> executors: bound per unit, partials per public key -> collect O(keys)
       -> driver: noise (one draw per cell), post-processing, intervals
       -> Delta append insert-if-absent by release_id (idempotent write) -> ledger commit
@@ -409,6 +409,8 @@ class Engine:
             snapshot = pin_snapshot(self.spark, location)
         elif snapshot.location != location:
             raise ConfigError(f"{spec.source}: the snapshot given is of '{snapshot.location}', not of '{location}'")
+        # every column the spec reads, against the input's schema (from the Delta log: no row read)
+        precheck.check_input_columns(spec, *precheck.schema_names(snapshot.reader(self.spark).schema))
         if self._ledger_exists():  # read only: a fresh ledger has no bindings
             bound = self.ledger.budget_for_dataset(snapshot.table_id, spec.unit.kind.value)
             if bound is not None and bound != spec.budget_id:  # as bind_dataset says it, before any row
@@ -491,7 +493,9 @@ class Engine:
 
         A release refused before its charge (access, policy, per-release maximum, input or
         output schema) creates nothing: no release table, salt file, ledger file or row
-        (except the audit row of a refused permission)."""
+        (except the audit row of a refused permission). A release the budget refuses (at the
+        reservation) creates no release table, salt file or statement either: only its audit
+        row."""
         from dp_spark.delta.release_table import ensure_release_table, release_present
 
         if validated is None:
@@ -524,13 +528,8 @@ class Engine:
                 self._mirror()
             return self._stored(spec, release_id, path, "healed")
 
-        # 2. the release is valid (validate): now create the table and the salt
-        ensure_release_table(self.spark, path)
-        partials_df = validated.partials_df
-        if validated.salt is None:  # validated with a provisional salt: the real one now
-            partials_df = self._partials(spec, plan, snapshot, read_or_create_salt(self.env.salt_file))
-
-        # 3. reserve (compare-and-set; exactly once)
+        # 2. reserve (compare-and-set; exactly once). Nothing is created before the charge is
+        # admitted: a budget refusal leaves no release table, salt file or statement behind
         owner = uuid.uuid4().hex
         event_json = canonical_json(plan.event)
         try:
@@ -546,6 +545,13 @@ class Engine:
         owner = reservation.entry.owner_token
         charged = None if reservation.reused else charge
         _PROGRESS.reserved = release_id  # from here on a failure's text is withheld (publish)
+
+        # 3. the charge is admitted: now create the table and the salt (a failure here keeps
+        # the reservation, which a rerun reuses: no second charge)
+        ensure_release_table(self.spark, path)
+        partials_df = validated.partials_df
+        if validated.salt is None:  # validated with a provisional salt: the real one now
+            partials_df = self._partials(spec, plan, snapshot, read_or_create_salt(self.env.salt_file))
 
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
         # driver resolves the release table's Delta state, where the write below looks its key up
@@ -709,6 +715,11 @@ class Engine:
             fallback = load_release_spec(Path(spec.source).parent / spec.on_exhausted.fallback)
             self._audit(spec, "degraded", None, None, f"fallback {fallback.name}")
             return self.publish(fallback, _degraded_from=spec.name)
+        # validate's words for the refusal (a per-release or delta-cap refusal keeps its own)
+        if type(exc) is BudgetExceededError and exc.budget_id == spec.budget_id and exc.spent is not None:
+            left = exc.cap - exc.spent if exc.spent.fits_in(exc.cap) else type(exc.cap).zero()
+            status = self.ledger.status(spec.budget_id, full=False)
+            exc = precheck.budget_refused(spec, exc.cap, left, status.window_start)
         self._audit(spec, "refused_budget", release_id, None, str(exc))
         raise exc
 

@@ -22,6 +22,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ENV = str(PROJECT_ROOT / "conf" / "envs" / "local.yaml")
 
 
+#: the log level of the JVM's console log (log4j2's root logger) for a Spark session this
+#: package starts; unset: Spark's default (WARN). The CLI sets it to ERROR unless --verbose.
+JVM_LOG_LEVEL_ENV = "DP_SPARK_JVM_LOG_LEVEL"
+
+
 def resolve_env(given: Optional[str | os.PathLike] = None, environ: Optional[Mapping[str, str]] = None) -> str:
     """The env file to use: ``--env`` when given, else ``$DP_SPARK_ENV``, else the project's
     ``conf/envs/local.yaml`` (:data:`DEFAULT_ENV`). Paths inside it resolve against its own

@@ -12,18 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from dp_spark.accountant import DeltaCapExceededError
 from dp_spark.core.budget import Budget
 from dp_spark.config import ReleaseSpec
-from dp_spark.errors import BudgetExceededError, ConfigError, MeasureMismatchError
+from dp_spark.errors import BudgetExceededError, ConfigError, MeasureMismatchError, SchemaError
 from dp_spark.governance.access import AccessPolicy
 from dp_spark.ledger import ReleaseLimitExceededError, open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy
+from dp_spark.spec.errors import did_you_mean
+from dp_spark.spec.where import where_columns
 
-__all__ = ["BudgetLeft", "LedgerNotFoundError", "budget_left", "check_access", "check_charge_limits",
-           "policy_for", "require_existing_ledger", "require_fit"]
+__all__ = ["BudgetLeft", "LedgerNotFoundError", "budget_left", "budget_refused", "check_access", "check_charge_limits",
+           "check_input_columns", "columns_read", "policy_for", "schema_names", "require_existing_ledger", "require_fit"]
 
 
 class LedgerNotFoundError(ConfigError):
@@ -46,7 +48,9 @@ def policy_for(spec: ReleaseSpec, policies: Mapping[str, BudgetPolicy], policies
     """The budget policy ``spec`` charges: declared, and accounting the spec's measure on the
     spec's dataset and privacy unit."""
     if spec.budget_id not in policies:
-        raise ConfigError(f"{spec.source}: budget '{spec.budget_id}' is not declared in {policies_source}")
+        declared = ", ".join(sorted(policies)) or "none"
+        raise ConfigError(f"{spec.source}: field 'budget.id': budget '{spec.budget_id}' is not declared in "
+                          f"{policies_source}{did_you_mean(spec.budget_id, policies)} (declared budgets: {declared})")
     policy = policies[spec.budget_id]
     if policy.measure != spec.charge.MEASURE:
         raise MeasureMismatchError(f"{spec.source}: release charges {spec.charge.MEASURE} but budget "
@@ -111,14 +115,81 @@ def budget_left(ledger_url: str, spec: ReleaseSpec, policy: BudgetPolicy) -> Bud
     return BudgetLeft(spec.budget_id, st.remaining, after, st.window_start, st.window_end)
 
 
+def budget_refused(spec: ReleaseSpec, cap: Budget, remaining: Budget,
+                   window_start: Optional[datetime] = None) -> BudgetExceededError:
+    """The refusal of a charge that does not fit ``remaining`` of its budget: one message for
+    ``validate`` (:func:`require_fit`) and for publish's reservation (the engine)."""
+    spent = cap - remaining if remaining.fits_in(cap) else None
+    exc = BudgetExceededError(spec.budget_id, cap, spent, spec.charge)
+    window = "" if window_start is None else f" in the window from {window_start:%Y-%m-%d}"
+    exc.args = (f"{spec.source}: the charge {spec.charge} does not fit the remaining {remaining} of budget "
+                f"'{spec.budget_id}'{window} (cap {cap}): refused, nothing charged",)
+    return exc
+
+
 def require_fit(left: BudgetLeft, spec: ReleaseSpec, policy: BudgetPolicy) -> None:
     """Raise BudgetExceededError when the charge does not fit what is left of the budget now
     (the reservation at publish time checks it again, atomically)."""
-    if left.fits:
+    if not left.fits:
+        raise budget_refused(spec, policy.cap, left.remaining, left.window_start)
+
+
+def columns_read(spec: ReleaseSpec) -> list[tuple[str, str]]:
+    """Every column ``spec`` reads, each once, with the spec field that names it first:
+    ``(field path, column)``. The unit, the group-by columns, the statistics' (or the
+    metric's) value columns, the ``where``'s columns, then the rest of ``columns``."""
+    single = spec.metric is not None
+    named: list[tuple[str, str]] = [("privacy_unit.column", spec.unit.column)]
+    for i, k in enumerate(spec.key_sets):
+        named.append(("group_by.column" if single else f"group_by[{i}].column", k.column))
+    if single:
+        if spec.value is not None:
+            named.append(("value.column", spec.value.column))
+    else:
+        for i, st in enumerate(spec.statistics):
+            if st.column is not None:
+                named.append((f"statistics[{i}].column", st.column))
+    if spec.where is not None:
+        named += [("where", c) for c in where_columns(spec.where, spec.columns)]
+    named += [(f"columns[{i}]", c) for i, c in enumerate(spec.columns)]
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for path, column in named:
+        if column not in seen:
+            seen.add(column)
+            out.append((path, column))
+    return out
+
+
+def check_input_columns(spec: ReleaseSpec, input_columns: Sequence[str], nested: Sequence[str] = ()) -> None:
+    """Raise SchemaError when a column ``spec`` reads is not in the input: every missing one,
+    with the field that names it and a close name, then the input's column names (names only,
+    never values). ``input_columns``: the input's top-level column names, from its schema
+    (the Delta log: no row read); ``nested``: the dotted paths into its struct columns (a
+    unit may name one)."""
+    have = set(input_columns) | set(nested)
+    missing = [(path, c) for path, c in columns_read(spec) if c not in have]
+    if not missing:
         return
-    spent = policy.cap - left.remaining if left.remaining.fits_in(policy.cap) else None
-    exc = BudgetExceededError(spec.budget_id, policy.cap, spent, spec.charge)
-    window = "" if left.window_start is None else f" in the window from {left.window_start:%Y-%m-%d}"
-    exc.args = (f"{spec.source}: the charge {spec.charge} does not fit the remaining {left.remaining} of budget "
-                f"'{spec.budget_id}'{window}: publish would refuse it",)
-    raise exc
+    lines = [f"field '{path}': column '{c}' is not in the input{did_you_mean(c, input_columns, names_are_case_sensitive=True)}"
+             for path, c in missing]
+    listed = ", ".join(input_columns) or "none"
+    head = f"{spec.source}: dataset '{spec.dataset}' lacks {len(missing)} column(s) the spec reads"
+    raise SchemaError(f"{head}:\n  " + "\n  ".join(lines) + f"\n  the input's columns: {listed}")
+
+
+def schema_names(schema) -> tuple[list[str], list[str]]:
+    """(top-level column names, dotted paths into struct columns) of a Spark schema (duck-typed:
+    anything with ``fields`` of ``name`` and ``dataType``; no pyspark imported here)."""
+    top = [f.name for f in schema.fields]
+    nested: list[str] = []
+
+    def walk(prefix: str, dt) -> None:
+        for f in getattr(dt, "fields", None) or ():
+            path = f"{prefix}.{f.name}"
+            nested.append(path)
+            walk(path, f.dataType)
+
+    for f in schema.fields:
+        walk(f.name, f.dataType)
+    return top, nested

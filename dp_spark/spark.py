@@ -42,6 +42,7 @@ __all__ = [
     "get_or_create_session",
     "is_connect_session",
     "jars_dir",
+    "log4j2_file",
 ]
 
 DEFAULT_MASTER = "local[2]"
@@ -130,18 +131,25 @@ def quiet_pyspark_error_logs() -> Iterator[None]:
             q.setLevel(level)
 
 
-def _log4j2_file() -> str:
+def log4j2_file() -> str:
     """The log4j2 file of :data:`LOG4J2_PROPERTIES` in the temp directory, named by its
-    content (written once, atomically)."""
+    content (written once, atomically); its root level is ``$DP_SPARK_JVM_LOG_LEVEL`` when set
+    (the CLI's default: error)."""
     import hashlib
     import tempfile
 
-    digest = hashlib.sha256(LOG4J2_PROPERTIES.encode()).hexdigest()[:12]
+    from dp_spark.env_file import JVM_LOG_LEVEL_ENV
+
+    level = os.environ.get(JVM_LOG_LEVEL_ENV, "").strip().lower()
+    text = LOG4J2_PROPERTIES
+    if level in ("error", "warn", "info", "debug", "off"):
+        text = text.replace("rootLogger.level = warn", f"rootLogger.level = {level}", 1)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"dp_spark-log4j2-{digest}.properties"
-    if not path.exists() or path.read_text() != LOG4J2_PROPERTIES:
+    if not path.exists() or path.read_text() != text:
         fd, tmp = tempfile.mkstemp(prefix="dp_spark-log4j2-", dir=path.parent)
         with os.fdopen(fd, "w") as fh:
-            fh.write(LOG4J2_PROPERTIES)
+            fh.write(text)
         os.replace(tmp, path)
     return str(path)
 
@@ -285,7 +293,7 @@ def get_or_create_session(
         conf["spark.driver.host"] = local_ip
         conf["spark.driver.bindAddress"] = local_ip
     # the JVM starts here: its console log withholds failed tasks' texts (LOG4J2_PROPERTIES)
-    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j2_file()}"
     conf.update(extra)
     for key, value in conf.items():
         builder = builder.config(key, value)

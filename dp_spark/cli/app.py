@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 import sys
 from datetime import date
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -40,6 +42,7 @@ from dp_spark.cli.base import (
     error,
     parse,
     run,
+    warning,
 )
 from dp_spark.cli.budget import BUDGET_SUBCOMMANDS, as_epsilon, budget
 from dp_spark.commands import plan_rows
@@ -49,7 +52,7 @@ from dp_spark.errors import DpSparkError
 from dp_spark.evaluation import explorer
 from dp_spark.governance import statement_dir
 from dp_spark.ledger.policy import load_policies
-from dp_spark.report import print_failure, print_summary
+from dp_spark.report import cells_text, decimal, percent, print_failure, print_summary
 from dp_spark.schedule import FAILED, SCHEDULES, SERVED, STALE, format_day, parse_day, schedule_cost
 
 __all__ = ["COMMANDS", "DEFAULT_ENV", "ENV_VAR", "EXIT_CLOSED_PIPE", "app", "closed_pipe_safe", "command",
@@ -84,9 +87,27 @@ def _command(name: str, one_line: str, text: str = "", epilog: str = ""):
                        epilog=epilog or None)
 
 
-def _logging(quiet: bool) -> None:
+def _logging(quiet: bool, verbose: bool = False) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _spark_logs(verbose)
+
+
+def _spark_logs(verbose: bool) -> None:
+    """Spark's JVM log and py4j's Python log at ERROR (``--verbose``: as Spark and py4j set
+    them), for a JVM this command starts (:data:`dp_spark.spark.JVM_LOG_LEVEL_ENV`)."""
+    from dp_spark.env_file import JVM_LOG_LEVEL_ENV
+
+    if verbose:
+        os.environ.pop(JVM_LOG_LEVEL_ENV, None)
+        logging.getLogger("py4j").setLevel(logging.NOTSET)
+    else:
+        os.environ[JVM_LOG_LEVEL_ENV] = "error"
+        logging.getLogger("py4j").setLevel(logging.ERROR)
+
+
+_verbose = click.option("--verbose", is_flag=True,
+                        help="show Spark's and py4j's log lines (default: errors only)")
 
 
 class IsoDate(click.ParamType):
@@ -142,14 +163,16 @@ def _conf(multiple: bool = True, text: str = "release spec YAML; repeatable"):
 PUBLISH_EPILOG = """\
 how several specs are published:
   1. every spec is validated first (spec and env files, access and pre-registration, budget
-     policy, measure and per-release maximum, dataset binding, output and input schemas
+     policy, measure and per-release maximum, dataset binding, every column the spec reads
+     against the input's schema (its Delta log: no row read), output and input schemas
      through a lazy plan). Any refusal here stops the job before the first charge: each
      refused spec's error is printed; nothing is published or charged, and no release
      table, salt or ledger is created (a refused permission is recorded in the audit log).
   2. then each spec is published in turn; a failure (an exhausted budget, a lost input, ...)
-     does not stop the others. Every spec's outcome is printed in order: its summary, or its
-     error (never data values). The releases that succeeded are then versioned together and
-     get their privacy statements.
+     does not stop the others; a charge the budget refuses creates no table, salt or
+     statement. Every spec's outcome is printed in order: its summary, or its error (never
+     data values). The releases that succeeded are then versioned together and get their
+     privacy statements.
 
 exit codes:
   0  every spec was published (or served: cache hit, returned_existing, degraded)
@@ -168,9 +191,11 @@ exit codes:
               help="scheduled daily run: publish only this day's cell (ISO date)")
 @click.option("--mode", type=MODES, default="official", show_default=True)
 @click.option("--quiet", is_flag=True, help="print only the summary lines")
-def publish(env: Optional[str], conf: tuple[str, ...], day: Optional[date], mode: str, quiet: bool) -> int:
+@_verbose
+def publish(env: Optional[str], conf: tuple[str, ...], day: Optional[date], mode: str, quiet: bool,
+            verbose: bool) -> int:
     """Validate every spec, then publish each; see :data:`PUBLISH_EPILOG` for the exit codes."""
-    _logging(quiet)
+    _logging(quiet, verbose)
     try:
         env_config = commands.env_for(env)
         specs = commands.load_specs(conf, day=day)  # all validated before Spark starts
@@ -223,7 +248,7 @@ def _budget_line(env, spec, policy) -> str:
 def _selection_line(r: dict) -> str:
     """The private key selection of a plan: how many units a key needs to be published."""
     return (f"   key_selection   columns {', '.join(r['components'])} (at most {r['max_keys']} keys): "
-            f"thresholded discrete Laplace, share {r['share_of_charge'][0]}, L1 {r['sensitivity_l1'][0]}, "
+            f"thresholded discrete Laplace, share {percent(r['share_of_charge'][0])}, L1 {decimal(r['sensitivity_l1'][0])}, "
             f"scale {r['noise_scale'][0]:.4g}, epsilon {r['epsilon_selection']:.4g}, delta "
             f"{r['delta_selection']:.3g}: threshold {r['threshold_units']} units; a key with "
             f"{r['units_for_even_odds']} units is published with even odds, with "
@@ -248,26 +273,32 @@ def plan(env: Optional[str], conf: tuple[str, ...], group_size: Optional[int], s
         for path in conf:
             spec = load_release_spec(path)
             specs.append(spec)
-            if spec.budget_id not in policies:
-                raise DpSparkError(f"{path}: budget '{spec.budget_id}' is not declared in {env_config.policies}")
-            policy = policies[spec.budget_id]
+            policy = precheck.policy_for(spec, policies, env_config.policies)  # publish's check, its message
             st = Accountant(policy.measure, statement_delta=policy.statement_delta).statement(spec.charge)
             eps = st.get("epsilon")
-            print(f"== {spec.name} ({spec.family}): {spec.cells} cells, unit {spec.unit.kind.value} "
+            print(f"== {spec.name} ({spec.family}): {cells_text(spec)}, unit {spec.unit.kind.value} "
                   f"({spec.neighbouring.value}), bounds K={spec.bounds.max_rows_per_unit} "
                   f"L0={spec.bounds.max_partitions_per_unit} Linf={spec.bounds.max_rows_per_partition or '-'}")
             print(f"   charge {spec.charge}" + (f" = (epsilon {eps:.4g}, delta {st.get('delta'):.3g})"
                                                if spec.charge.MEASURE == "zcdp" and eps is not None else ""))
             print(f"   budget {spec.budget_id}: {_budget_line(env_config, spec, policy)}")
+            shared = False
             for r in plan_rows(spec, policy, group_size):
                 if r["statistic"] == "key_selection":
                     print(_selection_line(r))
                     continue
-                comps = ", ".join(f"{c} (share {sh}, L1 {l1}, scale {sc:.4g})" for c, sh, l1, sc in
+                comps = ", ".join(f"{c} (share {percent(sh)}, L1 {decimal(l1)}, scale {sc:.4g})" for c, sh, l1, sc in
                                   zip(r["components"], r["share_of_charge"], r["sensitivity_l1"], r["noise_scale"]))
-                print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} at {r['group_size']:,} rows/cell: "
-                      f"E|error| {r['expected_abs_error']:.4g}, {float(spec.confidence):.0%} half-width "
-                      f"{r['interval_half_width']:.4g}  <- {comps}")
+                # the statistic's own share: its components' (a component two statistics read,
+                # such as a mean's count, is one noisy value paid once and counted in both)
+                mine = sum(Fraction(sh) for sh in r["share_of_charge"])
+                shared = shared or len(r["components"]) > 1
+                print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} {percent(mine):>6} of the charge, "
+                      f"at {r['group_size']:,} rows/cell: E|error| {r['expected_abs_error']:.4g}, "
+                      f"{float(spec.confidence):.0%} half-width {r['interval_half_width']:.4g}  <- {comps}")
+            if shared:
+                print("   (a statistic's share is the sum of its components'; a component several statistics read "
+                      "is one noisy value, paid once)")
         if schedule is not None and not _schedule_report(specs, schedule, policies):
             return 2
     except DpSparkError as exc:
@@ -302,15 +333,16 @@ def _schedule_report(specs: list, schedule: str, policies: dict) -> bool:
 
 # -- validate ------------------------------------------------------------------------------------
 VALIDATE_DESCRIPTION = """\
-Check release specs as publish checks them before Spark starts, reading no data: the spec,
-the env and its dataset bindings, the budget policy (declared, measure, dataset, unit, the
-per-release maximum, a delta cap), the access policy (may --principal publish this spec in
-this --mode, pre-registration included), and the charge against what is left of the budget
-now (from the env's ledger; no ledger yet: the whole cap). The columns the spec reads
-(group_by, where, the unit, the statistics' values) are checked against the input's schema
-at publish (the env declares no input schema), before any charge."""
+Check release specs as publish checks them before the charge: the spec, the env and its
+dataset bindings, the budget policy (declared, measure, dataset, unit, the per-release
+maximum, a delta cap), the access policy (may --principal publish this spec in this --mode,
+pre-registration included), and the charge against what is left of the budget now (from the
+env's ledger; no ledger yet: the whole cap). With --with-data, also every column the spec
+reads (the unit, group_by, the statistics' values, where, columns) against the input's schema,
+read from its Delta log: publish runs the same check before any reservation."""
 VALIDATE_EPILOG = """\
-Reads no data, starts no Spark session, writes nothing (a refused principal is not audited).
+Reads no rows and writes nothing (a refused principal is not audited); starts no Spark session
+unless --with-data (which reads the input's schema only).
 Exit 0 when every spec is valid, 2 otherwise (each error printed)."""
 
 
@@ -328,12 +360,17 @@ _FROM = {"given": "--principal", "env": "$DP_SPARK_PRINCIPAL", "os": "the OS use
 @click.option("--mode", type=MODES, default="official", show_default=True, help="the mode publish would run in")
 @click.option("--schedule", type=click.Choice(sorted(SCHEDULES)), default=None,
               help="also check that running these specs on this schedule fits each budget's cap per window")
+@click.option("--with-data", is_flag=True,
+              help="also check the columns the spec reads against the input's schema (its Delta log; starts "
+                   "Spark, reads no row)")
+@_verbose
 def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str], mode: str,
-             schedule: Optional[str]) -> int:
+             schedule: Optional[str], with_data: bool, verbose: bool) -> int:
+    _spark_logs(verbose)
     bad = 0
     try:
         env_config = commands.env_for(env)
-        checker = commands.checker(env_config, principal=principal, mode=mode)
+        checker = commands.checker(env_config, principal=principal, mode=mode, with_data=with_data)
     except DpSparkError as exc:
         error(str(exc))
         return 2
@@ -343,7 +380,7 @@ def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str]
             spec = load_release_spec(path)
             specs.append(spec)
             found = checker.check(spec)
-            print(f"{path}: ok ({spec.name}, version {spec.version()}, {spec.cells} cells)")
+            print(f"{path}: ok ({spec.name}, version {spec.version()}, {cells_text(spec)})")
             print(f"   access: {found.principal} ({_FROM.get(checker.principal_source, checker.principal_source)}) "
                   f"may publish it ({mode})")
             left = found.budget
@@ -352,7 +389,11 @@ def validate(env: Optional[str], conf: tuple[str, ...], principal: Optional[str]
             else:  # the amounts as the budget accounts them (plan adds epsilon: OpenDP takes ~0.5 s to load)
                 print(f"   budget {spec.budget_id}: remaining now {left.remaining}"
                       f"{' (no ledger yet)' if left.ledger_path else ''}; after this release: {left.after}")
-            print("   input columns (group_by, where, unit, values): checked against the input's schema at publish")
+            if with_data:
+                print(f"   input columns: the {len(precheck.columns_read(spec))} the spec reads are in the input's schema")
+            else:
+                print("   input columns: not checked (--with-data checks them against the input's schema; "
+                      "publish checks them before any charge)")
         except DpSparkError as exc:
             bad += 1
             error(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
@@ -403,7 +444,7 @@ def explore(env: Optional[str], conf: str, group_sizes: list, budgets: list, tar
         stat = explorer.headline_statistic(spec)
         budget_name = "epsilon" if spec.charge.MEASURE == "pure_dp" else "rho"
         print(f"== {spec.name}: {stat}, {spec.charge.MEASURE}, unit {spec.unit.kind.value} "
-              f"({spec.neighbouring.value}), {spec.cells} cells, confidence {float(spec.confidence):.0%}")
+              f"({spec.neighbouring.value}), {cells_text(spec)}, confidence {float(spec.confidence):.0%}")
         # a single-metric spec: its headline statistic; else every statistic of the spec
         print(explorer.format_table(rows, statistic=stat if spec.metric is not None else None))
         print()
@@ -421,7 +462,7 @@ def explore(env: Optional[str], conf: str, group_sizes: list, budgets: list, tar
 
         out_dir.mkdir(parents=True, exist_ok=True)
         caption = (f"{spec.name}: {spec.charge.MEASURE}; bounds {spec.bounds.max_rows_per_unit} rows/unit, "
-                   f"{spec.cells} public cells; group size = assumed public size, no data read; "
+                   f"{cells_text(spec)}; group size = assumed public size, no data read; "
                    f"relative error of the {float(spec.confidence):.0%} interval target {target:.0%}")
         delta = None  # the budget's statement delta: the chart shows epsilon beside rho
         if spec.charge.MEASURE == "zcdp":
@@ -469,15 +510,16 @@ def _refresh_flags(f):
         click.option("--keep-going", is_flag=True, help="after a failed day, still try the following days"),
         click.option("--mode", type=MODES, default="official", show_default=True),
         click.option("--quiet", is_flag=True, help="print only the per-day lines"),
+        _verbose,
     ]):
         f = opt(f)
     return f
 
 
 def _refresh(env: Optional[str], conf: Sequence[str], start: date, end: date, *, republish: bool, strict: bool,
-             keep_going: bool, mode: str, quiet: bool) -> int:
+             keep_going: bool, mode: str, quiet: bool, verbose: bool) -> int:
     """See :data:`REFRESH_EPILOG` for the exit codes."""
-    _logging(quiet)
+    _logging(quiet, verbose)
     engine = (click.get_current_context().find_object(dict) or {}).get("engine")
     try:
         results = commands.refresh(commands.env_for(env), conf, start, end, mode=mode, republish=republish,
@@ -493,9 +535,10 @@ def _refresh(env: Optional[str], conf: Sequence[str], start: date, end: date, *,
     errors = sum(r.status == "error" for r in results)
     print(f"== {len(results)} day(s): {served} served ({charged} charged), {len(stale)} stale, "
           f"{errors} failed, {len(failed) - errors} skipped", flush=True)
-    if stale:
-        error(f"{len(stale)} day(s) were published on an older input snapshot and were not republished "
-              "(pass --republish to publish them again; that charges the budget)")
+    if stale:  # an error (exit 3) with --strict; otherwise reported, and the job succeeds
+        (error if strict else warning)(
+            f"{len(stale)} day(s) were published on an older input snapshot and were not republished "
+            "(pass --republish to publish them again; that charges the budget)")
     if failed:
         return 1
     if stale and strict:
@@ -551,7 +594,9 @@ app.add_command(budget)
 @env_option()
 @click.option("--family", required=True, help="the release family whose current version is withdrawn")
 @click.option("--reason", required=True, help="recorded in the audit log and the statement's errata")
-def rollback(env: Optional[str], family: str, reason: str) -> int:
+@_verbose
+def rollback(env: Optional[str], family: str, reason: str, verbose: bool) -> int:
+    _spark_logs(verbose)
     try:
         withdrawn, restored = commands.rollback(commands.env_for(env), family, reason)
     except DpSparkError as exc:
@@ -594,7 +639,9 @@ def show(env: Optional[str], family: str, series: bool) -> int:
           "a new input snapshot, so the next publish charges again).")
 @env_option()
 @click.option("--force", is_flag=True, help="overwrite an existing demo table")
-def generate_demo(env: Optional[str], force: bool) -> int:
+@_verbose
+def generate_demo(env: Optional[str], force: bool, verbose: bool) -> int:
+    _spark_logs(verbose)
     try:
         demo = commands.generate_demo(commands.env_for(env), force=force)
     except DpSparkError as exc:

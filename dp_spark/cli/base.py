@@ -21,6 +21,40 @@ from dp_spark.env_file import DEFAULT_ENV, ENV_VAR
 EXIT_CLOSED_PIPE = 141
 #: usage error, configuration error, or refused before anything was done
 EXIT_USAGE = 2
+
+#: every exit status of every ``dp-spark`` command: the one table of docs/cli.md (generated
+#: from this by :func:`exit_codes_table`, checked by tests/unit/test_exit_codes.py) and the
+#: lines of ``dp-spark --help``
+EXIT_CODES: dict[int, str] = {
+    0: "done: every release published or served (cache hit, returned existing, degraded), or the report "
+       "printed; `refresh`/`backfill` without `--strict`: a stale day is reported as a warning",
+    1: "the command ran and something failed or was refused while running: a spec failed while publishing "
+       "(its budget exhausted at the reservation, ...; the others are published), versioning a batch failed, a "
+       "refresh/backfill day failed; for `budget`: an unknown budget, an unreachable or tampered ledger, a "
+       "refused permission",
+    EXIT_USAGE: "usage or configuration error, or refused before anything was done: bad arguments, unknown "
+                "command, an env, spec or policy file missing or invalid, no ledger at the env's path, a spec "
+                "refused at validation (`validate`; `publish`: nothing charged, nothing created), `rollback` "
+                "refused",
+    3: "`refresh` / `backfill` with `--strict`: a day was left stale (its input changed after publication); "
+       "the error is printed",
+    EXIT_CLOSED_PIPE: "the reader of the output went away (closed pipe)",
+}
+
+EXIT_BEGIN = "<!-- exit codes: generated from dp_spark.cli.base.EXIT_CODES (tests/unit/test_exit_codes.py) -->"
+EXIT_END = "<!-- end of generated exit codes -->"
+
+
+def exit_codes_table() -> str:
+    """The Markdown table of :data:`EXIT_CODES`."""
+    rows = [f"| {code} | {text.replace('|', chr(92) + '|')} |" for code, text in EXIT_CODES.items()]
+    return "\n".join(["| code | meaning |", "|---|---|", *rows]) + "\n"
+
+
+def docs_with_exit_codes(text: str) -> str:
+    """``text`` (docs/cli.md) with its exit-code table replaced by the current one."""
+    a, b = text.index(EXIT_BEGIN) + len(EXIT_BEGIN), text.index(EXIT_END)
+    return text[:a] + "\n" + exit_codes_table() + text[b:]
 WIDTH = 100
 
 ENV_HELP = (f"environment file: paths, Spark, ledger and budget policies, resolved against its project root "
@@ -107,6 +141,11 @@ def error(message: str, file: Any = None) -> None:
     print(f"dp-spark: error: {message}", file=file or sys.stderr)
 
 
+def warning(message: str, file: Any = None) -> None:
+    """A warning line: ``dp-spark: warning: MESSAGE`` on stderr (the command still succeeds)."""
+    print(f"dp-spark: warning: {message}", file=file or sys.stderr)
+
+
 def env_option(default: Any = None) -> Callable:
     return click.option("--env", default=default, metavar="ENV", help=ENV_HELP)
 
@@ -165,5 +204,6 @@ def closed_pipe_safe(fn: Callable[[], int]) -> int:
         return EXIT_CLOSED_PIPE
 
 
-__all__ = ["Command", "Context", "DEFAULT_ENV", "ENV_VAR", "EXIT_CLOSED_PIPE", "Formatter", "Group",
-           "closed_pipe_safe", "description", "env_option", "error", "parse", "run"]
+__all__ = ["Command", "Context", "DEFAULT_ENV", "ENV_VAR", "EXIT_BEGIN", "EXIT_CLOSED_PIPE", "EXIT_CODES", "EXIT_END",
+           "EXIT_USAGE", "Formatter", "Group", "docs_with_exit_codes", "exit_codes_table",
+           "closed_pipe_safe", "description", "env_option", "error", "parse", "run", "warning"]

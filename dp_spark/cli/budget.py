@@ -42,6 +42,7 @@ from dp_spark.ledger.records import BudgetStatus, LedgerEntry, UnknownBudgetErro
 from dp_spark.ledger.store import Ledger
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.precheck import LedgerNotFoundError, require_existing_ledger
+from dp_spark.spec.errors import did_you_mean
 
 __all__ = ["BUDGET_SUBCOMMANDS", "LEDGER_URL_ENV", "LedgerNotFoundError", "as_epsilon", "budget",
            "budget_command", "fmt_budget"]
@@ -64,8 +65,8 @@ BUDGET_SUBCOMMANDS = {
 
 
 def _num(v: Fraction) -> str:
-    text = f"{float(v):.6g}"
-    return text if Fraction(text) == v else f"{text} (exactly {v})"
+    """A decimal for people (6 significant digits); the exact fraction is in ``--json``."""
+    return f"{float(v):.6g}"
 
 
 def fmt_budget(b: Budget, policy: Optional[BudgetPolicy] = None, *, show_delta: bool = False) -> str:
@@ -166,6 +167,14 @@ def _status_block(bid: str, policy: BudgetPolicy, st: Optional[BudgetStatus], in
     _print_entries(in_window, out, indent="    ", policy=policy)
 
 
+def _unknown_budget(budget_id: str, known) -> UnknownBudgetError:
+    """An unknown ``--budget``: a close name and the budgets there are (declared or in the ledger)."""
+    exc = UnknownBudgetError(budget_id)
+    exc.args = (f"unknown budget {budget_id!r}{did_you_mean(budget_id, known)}: the budgets are "
+                f"{', '.join(sorted(known)) or 'none'} (declared in the policy file or in the ledger)",)
+    return exc
+
+
 def _status(args: Args, ledger: Optional[Ledger], policies: dict[str, BudgetPolicy],
             out: TextIO) -> int:
     known = set(policies)
@@ -173,7 +182,7 @@ def _status(args: Args, ledger: Optional[Ledger], policies: dict[str, BudgetPoli
         known |= set(ledger.budget_ids())
     ids = [args.budget] if args.budget else sorted(known)
     if args.budget and args.budget not in known:
-        raise UnknownBudgetError(args.budget)
+        raise _unknown_budget(args.budget, known)
     payload = []
     for i, bid in enumerate(ids):
         registered = ledger is not None and bid in ledger.budget_ids()
@@ -223,7 +232,7 @@ def _history(args: Args, ledger: Optional[Ledger], policies: dict[str, BudgetPol
         if args.budget in policies:
             entries: list[LedgerEntry] = []
         else:
-            raise UnknownBudgetError(args.budget)
+            raise _unknown_budget(args.budget, set(policies) | set(ledger.budget_ids() if ledger else ()))
     else:
         entries = ledger.entries(args.budget)
     if args.json:

@@ -238,9 +238,9 @@ def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
 def ensure_release_table(spark: SparkSession, path: str) -> None:
     """Create the family's table if absent; refuse an existing table with another schema.
 
-    Runs before any budget is reserved, so a schema clash charges nothing; the engine calls
-    :func:`check_release_table` earlier still, while validating, so a refused release does
-    not create the table.
+    The engine calls it once the release's charge is reserved, so a refused release (budget
+    included) creates no table; it calls :func:`check_release_table` while validating, so a
+    schema clash is refused before any charge.
     """
     state = check_release_table(spark, path)
     if state in ("needs_keys", "needs_columns"):

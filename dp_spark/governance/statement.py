@@ -564,7 +564,9 @@ def privacy_statement(
 def _b(d: Optional[Mapping[str, Any]]) -> str:
     if not d:
         return "-"
-    return ", ".join(f"{k}={v}" for k, v in d.items() if k != "measure") + (f" ({d['measure']})" if "measure" in d else "")
+    # decimals for people; the exact fractions stay in the statement's JSON
+    return ", ".join(f"{k}={float(Fraction(str(v))):.6g}" for k, v in d.items() if k != "measure") + (
+        f" ({d['measure']})" if "measure" in d else "")
 
 
 def _st(d: Optional[Mapping[str, Any]]) -> str:
@@ -632,7 +634,7 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         if sel:
             add(f"Keys of {', '.join(f'`{c}`' for c in sel['columns'])} in {q['name']} are found privately: a "
                 f"key is published when its noisy number of distinct units (discrete Laplace of scale "
-                f"{sel['noise_scale']:.4g}, epsilon {sel['epsilon']:.4g}, {sel['share_of_charge']} of the charge) "
+                f"{sel['noise_scale']:.4g}, epsilon {sel['epsilon']:.4g}, {float(Fraction(sel['share_of_charge'])) * 100:.3g}% of the charge) "
                 f"reaches {sel['threshold_units']}; a key with {sel['units_for_even_odds']} units is published "
                 f"with even odds, with {sel['units_for_95_percent']} units 95% of the time. A key that one unit "
                 f"alone creates is published with probability at most delta = {sel['delta']:.3g}. "

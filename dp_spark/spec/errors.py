@@ -4,6 +4,7 @@ value of the file (pydantic's ``input_value=`` and its URLs are never rendered).
 
 from __future__ import annotations
 
+import difflib
 import re
 import typing
 from typing import Any, Callable, Mapping, Optional
@@ -12,7 +13,24 @@ from pydantic import BaseModel, ValidationError
 
 from dp_spark.errors import ConfigError
 
-__all__ = ["error_path", "describe_error", "model_errors", "raise_errors", "allowed_fields"]
+__all__ = ["error_path", "describe_error", "model_errors", "raise_errors", "allowed_fields", "did_you_mean"]
+
+
+def did_you_mean(name: object, choices, *, names_are_case_sensitive: bool = False) -> str:
+    """`` (did you mean 'x'?)`` when ``name`` is close to one of ``choices`` (names of fields,
+    budgets, columns, kinds: never data values), else ``""``. Closeness is difflib's ratio,
+    case-insensitive; a match differing only in case says that names are case-sensitive when
+    ``names_are_case_sensitive``."""
+    if not isinstance(name, str) or not name:
+        return ""
+    by_lower = {str(c).lower(): str(c) for c in choices}
+    hits = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    if not hits or by_lower[hits[0]] == name:
+        return ""
+    hit = by_lower[hits[0]]
+    if names_are_case_sensitive and hit.lower() == name.lower():
+        return f" (did you mean '{hit}'? names are case-sensitive)"
+    return f" (did you mean '{hit}'?)"
 
 _INPUT_VALUE = re.compile(r",?\s*input_value=.*$", re.S)
 
@@ -71,8 +89,9 @@ def describe_error(err: Mapping[str, Any], path: str, *, doc: str = "docs/config
         msg = "is required"
     elif t == "extra_forbidden":
         allowed = allowed_fields(model, tuple(err["loc"])) if model is not None else None
+        hint = did_you_mean(err["loc"][-1], allowed) if allowed else ""
         msg = (unknown_field and unknown_field(path)) or (
-            f"unknown field (allowed: {allowed})" if allowed else f"unknown field ({doc} lists the fields)")
+            f"unknown field{hint} (allowed: {allowed})" if allowed else f"unknown field ({doc} lists the fields)")
     elif t == "literal_error":
         msg = "must be one of " + err.get("ctx", {}).get("expected", "the documented values")
     elif t in ("model_type", "model_attributes_type", "dict_type"):

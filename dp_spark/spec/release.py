@@ -37,7 +37,7 @@ from dp_spark.errors import ConfigError, DpSparkError, InvalidBoundsError
 from dp_spark.statistics.postprocess import OTHER_KEY, MinGroupSize, count_statistic_for
 from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
 from dp_spark.spec.legacy import legacy_statistics
-from dp_spark.spec.errors import model_errors, raise_errors
+from dp_spark.spec.errors import did_you_mean, model_errors, raise_errors
 from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, MeanOptions, PrivateKeys,
                                    PublicKeys, ReleaseSpec, ValueSpec, bucketed, grid_align)
 from dp_spark.core.fields import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
@@ -669,7 +669,8 @@ def _kind_tags() -> frozenset:
 
 def _unknown_kind(tag: Any) -> str:
     refusal = _refusals().get(tag)
-    return refusal or f"unknown statistic kind (allowed: {sorted(_kind_tags())})"
+    return refusal or (f"unknown statistic kind{did_you_mean(tag, _kind_tags())} "
+                       f"(allowed: {sorted(_kind_tags())})")
 
 
 def release_errors(exc: ValidationError, form: str, prefix: tuple = (),

@@ -35,8 +35,13 @@ import re
 from typing import Any
 
 from dp_spark.errors import ConfigError
+from dp_spark.spec.errors import did_you_mean
 
-__all__ = ["ALLOWED_FUNCTIONS", "REFUSED_HINTS", "check_where"]
+__all__ = ["ALLOWED_FUNCTIONS", "REFUSED_HINTS", "check_where", "where_columns"]
+
+#: what a ``where`` naming a column outside ``columns`` is told
+_NOT_LISTED = ("a where reads only columns that exist in the input and are listed in 'columns': add it "
+               "there if the input has it")
 
 #: Functions a ``where`` may call: total (no input makes them raise once evaluated with ANSI
 #: mode off; tests/spark/test_where_total.py drives each with adversarial columns) and
@@ -206,8 +211,10 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
         if t in (";", "{", "}", "$", "@", "#", "?"):
             raise _err(source, f"character '{t}' is not allowed in a row-wise predicate")
         if t.startswith("`"):
-            if t[1:-1].replace("``", "`") not in columns:
-                raise _err(source, "references a column that is not in 'columns'")
+            name = t[1:-1].replace("``", "`")
+            if name not in columns:
+                raise _err(source, f"references column '{name}', which is not in 'columns'"
+                           f"{did_you_mean(name, columns)}: {_NOT_LISTED}")
             continue
         if _string_literal(t) or not (t[0].isalpha() or t[0] == "_"):
             continue
@@ -243,8 +250,23 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
         if prev == "." or low in _KEYWORDS:
             continue
         if t not in columns:
-            raise _err(source, f"references column '{t}', which is not in 'columns' "
-                       "(list every column the spec may read there)")
+            raise _err(source, f"references column '{t}', which is not in 'columns'"
+                       f"{did_you_mean(t, columns)}: {_NOT_LISTED}")
     if depth != 0:
         raise _err(source, "has unbalanced parentheses")
     return raw
+
+
+def where_columns(raw: str, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns of ``columns`` that a ``where`` already accepted by :func:`check_where`
+    names, each once, in order of appearance (a token equal to a column name, quoted or not,
+    that is not called as a function nor follows a dot)."""
+    tokens = _tokens(raw, "<where>")
+    out: list[str] = []
+    for i, t in enumerate(tokens):
+        name = t[1:-1].replace("``", "`") if t.startswith("`") else t
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+        prev = tokens[i - 1] if i > 0 else ""
+        if name in columns and nxt != "(" and prev != "." and name not in out:
+            out.append(name)
+    return tuple(out)

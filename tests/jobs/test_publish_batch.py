@@ -161,7 +161,7 @@ def test_cli_a_spec_failing_at_publish_time_hides_and_stops_nothing(spark, tmp_p
     assert rc == 1
     out, err = capsys.readouterr()
     assert "== dau_daily: published" in out and "== aov_all_regions: published" in out
-    assert "== aov_by_region: failed" in out and "exhausted" in out
+    assert "== aov_by_region: failed" in out and "does not fit the remaining" in out
     assert out.index("dau_daily") < out.index("aov_by_region") < out.index("aov_all_regions")
     failed = out[out.index("== aov_by_region"):out.index("== aov_all_regions")]
     assert "mean" not in failed and "[" not in failed.split("error:")[0]  # no cells of B are shown

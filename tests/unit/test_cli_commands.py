@@ -229,6 +229,21 @@ def test_budget_status_history_verify_read_the_env_ledger(tmp_path, capsys):
     assert rc == 0 and "ledger verified" in out
     rc, _, err = _exit(["budget", "history", "--env", str(env), "--budget", "nope"], capsys)
     assert rc == 1 and err.startswith("dp-spark: error: ") and "unknown budget 'nope'" in err
+    # a typo: the close name and every budget there is
+    for sub in ("status", "history"):
+        rc, _, err = _exit(["budget", sub, "--env", str(env), "--budget", "demo_event_user"], capsys)
+        assert rc == 1 and "unknown budget 'demo_event_user' (did you mean 'demo_events_user'?)" in err, err
+        assert "the budgets are demo_events_user, demo_events_user_pure" in err
+
+
+def test_budget_amounts_are_decimals_not_fractions(tmp_path, capsys):
+    env = make_project(tmp_path)
+    spend(tmp_path, releases=3, charge="1/3")
+    rc, out, err = _exit(["budget", "status", "--env", str(env), "--budget", "demo_events_user"], capsys)
+    assert rc == 0, err
+    assert "rho=0.333333" in out and "1/3" not in out and "exactly" not in out
+    rc, out, err = _exit(["budget", "status", "--env", str(env), "--budget", "demo_events_user", "--json"], capsys)
+    assert rc == 0 and '"1/3"' in out  # the exact fraction stays in the JSON for machines
 
 
 def test_env_from_another_folder_resolves_against_the_env_files_root(tmp_path):
@@ -313,7 +328,7 @@ def test_validate_checks_the_access_policy_for_the_principal(tmp_path, monkeypat
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "publisher_bob"], capsys)
     assert rc == 0, err
     assert ": ok (aov_by_region" in out and "access: publisher_bob (--principal) may publish it (official)" in out
-    assert "no ledger yet" in out and "checked against the input's schema at publish" in out
+    assert "no ledger yet" in out and "input columns: not checked (--with-data" in out
     # an analyst may not publish officially; an unlisted principal gets nothing (default deny)
     rc, out, err = _exit(["validate", "--env", str(env), "--conf", str(spec), "--principal", "analyst_alice"], capsys)
     assert rc == 2 and "ok (" not in out
