@@ -167,18 +167,14 @@ def register(cls: type[StatisticKind]) -> type[StatisticKind]:
 
 
 def kinds() -> dict[str, StatisticKind]:
-    """Every registered kind, by name (the kinds' modules loaded)."""
-    _load()
+    """Every registered kind, by name (the kinds' modules register themselves when the
+    package ``dp_spark.statistics`` is imported, which importing this module does first)."""
     return dict(KINDS)
 
 
 def kind_of(name: str) -> StatisticKind:
-    _load()
     if name not in KINDS:
         raise ConfigError(f"unknown statistic kind (allowed: {sorted(KINDS)})")
     return KINDS[name]
 
 
-def _load() -> None:
-    # the kinds' modules register themselves on import
-    from dp_spark.statistics import counts, moments, quantile  # noqa: F401
