@@ -37,6 +37,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from dp_spark.core.budget import ZCDP, PureDP
 from dp_spark.errors import ConfigError
 
 __all__ = ["release", "dates", "private", "ReleaseBuilder", "plan_table", "schema_reference"]
@@ -355,7 +356,13 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
     prints. Expected errors come from each kind's own post-processing at noiseless inputs of
     ``group_size`` rows (mean at the statistic's ``assumed_mean``, else the midpoint), so they
     are what the engine publishes in ``expected_abs_error`` for a cell of that size (with the
-    spread at W / 2 around the midpoint, and values uniform over a quantile's bins)."""
+    spread at W / 2 around the midpoint, and values uniform over a quantile's bins).
+
+    Each row's ``share`` is the statistic's own share of the charge (the sum of its
+    components'; a component two statistics read, such as a mean's count, is one noisy value
+    paid once and counted in both), and ``epsilon`` / ``delta`` the statement of that share
+    alone (with a ``budget_policy``); ``release_epsilon`` / ``release_delta`` are the whole
+    release's."""
     from dp_spark.accountant import Accountant
     from dp_spark.statistics.base import kind_of
     from dp_spark.statistics.plan import plan_query
@@ -365,6 +372,17 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
     delta = None if budget_policy is None else budget_policy.statement_delta
     acc = Accountant(measure, statement_delta=delta) if delta is not None else None
     statement = acc.statement(spec.charge) if acc is not None else None
+
+    def own(share: Fraction) -> dict[str, Any]:  # the statement of one share of the charge
+        if acc is None or spec.charge.MEASURE not in ("pure_dp", "zcdp"):
+            return {"epsilon": None, "delta": None}
+        part = (PureDP(epsilon=spec.charge.epsilon * share) if spec.charge.MEASURE == "pure_dp"
+                else ZCDP(rho=spec.charge.rho * share))
+        st = acc.statement(part)
+        return {"epsilon": st.get("epsilon"), "delta": st.get("delta")}
+
+    whole = {"release_epsilon": None if statement is None else statement.get("epsilon"),
+             "release_delta": None if statement is None else statement.get("delta")}
     rows = []
     rest = 1 - spec.selection_share if qp.selection is not None else Fraction(1)
     if qp.selection is not None:
@@ -379,9 +397,8 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
             "units_for_even_odds": sel.count_for(0.5), "units_for_95_percent": sel.count_for(0.95),
             "max_keys": list(sel.max_keys),
             "group_size": None, "expected_abs_error": None, "interval_half_width": None,
-            "cells": spec.cells, "charge": spec.charge.to_json(),
-            "epsilon": None if statement is None else statement.get("epsilon"),
-            "delta": None if statement is None else statement.get("delta"),
+            "cells": spec.cells, "charge": spec.charge.to_json(), "share": str(spec.selection_share),
+            **own(spec.selection_share), **whole,
         })
     for stat, comps in zip(spec.statistics, qp.stat_components):
         n = group_size or stat.option("assumed_group_size", 100)
@@ -402,6 +419,7 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
                 noisy[c] = [Fraction(n, c.bins)] * c.bins  # uniform over the bins
         plans = {c: qp.plan_of(c) for c in comps}
         out = kind_of(stat.kind).finish(stat, noisy, plans, 1 - spec.confidence)
+        share = sum((qp.fractions[qp.components.index(c)] * rest for c in comps), Fraction(0))
         rows.append({
             "statistic": stat.name, "kind": stat.kind,
             "components": [c.name for c in comps],
@@ -414,7 +432,6 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
             "interval_half_width": (out["ci_high"] - out["ci_low"]) / 2,
             "cells": spec.cells,
             "charge": spec.charge.to_json(),
-            "epsilon": None if statement is None else statement.get("epsilon"),
-            "delta": None if statement is None else statement.get("delta"),
+            "share": str(share), **own(share), **whole,
         })
     return rows

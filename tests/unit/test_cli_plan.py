@@ -71,3 +71,30 @@ def test_validate_help_and_version(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.startswith("dp-spark ")
+
+
+def test_plan_rows_show_each_statistics_own_share_and_epsilon_beside_the_releases():
+    """A statistic's row carries its own share of the charge and the statement of that share,
+    not the whole release's epsilon (which is in release_epsilon); the shares of statistics
+    without shared components add up to the charge."""
+    from dp_spark.accountant import Accountant
+    from dp_spark.config import release_spec_from_dict
+    from dp_spark.core.budget import ZCDP
+
+    d = {"name": "t", "dataset": "d", "privacy_unit": {"kind": "user", "column": "u"},
+         "group_by": [{"column": "r", "public_keys": {"values": ["a", "b"]}}],
+         "bounds": {"max_rows_per_unit": 2, "max_partitions_per_unit": 1},
+         "statistics": [{"name": "n", "kind": "count"}, {"name": "users", "kind": "distinct_units"}],
+         "budget": {"id": "b", "measure": "zcdp", "rho": 0.5}}
+    spec = release_spec_from_dict(d, "t.yaml")
+    policy = type("P", (), {"statement_delta": Fraction(1, 10**7)})()
+    rows = plan_table(spec, budget_policy=policy)
+    assert [r["statistic"] for r in rows] == ["n", "users"]
+    shares = [Fraction(r["share"]) for r in rows]
+    assert sum(shares) == 1 and all(0 < s < 1 for s in shares)
+    acc = Accountant("zcdp", statement_delta=Fraction(1, 10**7))
+    whole = acc.statement(spec.charge)["epsilon"]
+    for r, s in zip(rows, shares):
+        assert r["release_epsilon"] == pytest.approx(whole)
+        assert r["epsilon"] == pytest.approx(acc.statement(ZCDP(rho=Fraction(1, 2) * s))["epsilon"])
+        assert r["epsilon"] < whole
