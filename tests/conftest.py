@@ -14,7 +14,9 @@ Markers are given from what a test needs, not by hand (``pytest_collection_modif
 ``make test`` and ``make test-fast`` run on two pytest-xdist workers with ``--dist loadgroup``:
 every ``spark`` test is in the group ``spark`` (:data:`SPARK_GROUP`), so they all run on one
 worker, in order, on one session (a session takes ~10 s to start and a second one would share
-the two cores); the other tests (pure, PostgreSQL, a JVM of their own) spread over both.
+the two cores), and so is every test of the shared Spark Connect server; the other tests
+(pure, PostgreSQL, a JVM of their own) are grouped by file (a module fixture runs once) and
+the files spread over both workers.
 
 ``make test-fast`` runs ``-m "not spark and not pg and not jvm and not slow"`` with no JVM on
 the path (a test that starts one without its marker fails there instead of being slow);
@@ -49,8 +51,10 @@ LONG_TESTS = frozenset({
 })
 PG_FILES = frozenset({"ledger/test_durability.py"})
 PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
-#: the xdist group of every ``spark`` test (``--dist loadgroup``): one worker, one session
+#: the xdist group of every ``spark`` test (``--dist loadgroup``): one worker, one session;
+#: the tests of the shared Spark Connect server join it (they must not run at the same time)
 SPARK_GROUP = "spark"
+CONNECT_FIXTURES = frozenset({"connect_url"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,6 +79,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "spark" in fixtures or rel.startswith("spark/"):
             item.add_marker(pytest.mark.spark)
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+        elif fixtures & CONNECT_FIXTURES:
+            # the one Spark Connect server of the run: its users take turns (a held write and
+            # its takeover need both of its task slots), on the Spark tests' worker
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+        else:
+            # a file's tests on one worker: a module-scoped fixture (a driver process, a built
+            # wheel) runs once, not once per worker
+            item.add_marker(pytest.mark.xdist_group(rel))
         if fixtures & PG_FIXTURES or params.get("ledger_factory") == "postgres" or rel in PG_FILES:
             item.add_marker(pytest.mark.pg)
         test_id = f"{rel}::{getattr(item, 'originalname', item.name)}"
