@@ -19,7 +19,7 @@ trap cleanup EXIT
 [ -n "${DP_SPARK_TEST_MASTER:-}" ] || cluster_start
 [ -n "${DP_SPARK_TEST_CONNECT:-}" ] || connect_start
 set +e
-"$PY" -m pytest -q -rs --durations=30 -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+"$PY" -m pytest -q -rs --durations=30 -n "${PYTEST_WORKERS:-0}" --dist loadgroup "$@"
 rc=$?
 set -e
 # pytest exit 5 = no tests collected: that is a failure for us, not a pass.
