@@ -22,6 +22,7 @@ from dp_spark.errors import DpSparkError
 from dp_spark.governance.access import access_policy_from_dict
 from dp_spark.ledger.policy import policies_from_dict
 from dp_spark.spec.release import release_spec_from_dict
+from dp_spark.spec.schema import generated_docs_main, splice_generated
 
 __all__ = ["DOCS_BEGIN", "DOCS_END", "docs_with_table", "refusal_rows", "refusal_table"]
 
@@ -153,19 +154,11 @@ def refusal_table() -> str:
 
 def docs_with_table(text: str) -> str:
     """``text`` (docs/cli.md) with its generated refusal table replaced by the current one."""
-    a, b = text.index(DOCS_BEGIN) + len(DOCS_BEGIN), text.index(DOCS_END)
-    return text[:a] + "\n" + refusal_table() + text[b:]
+    return splice_generated(text, DOCS_BEGIN, DOCS_END, refusal_table())
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--docs"] and len(argv) == 2:
-        with open(argv[1]) as fh:
-            text = docs_with_table(fh.read())
-        with open(argv[1], "w") as fh:
-            fh.write(text)
-        return 0
-    sys.stdout.write(refusal_table())
-    return 0
+    return generated_docs_main(argv, docs_with_table, refusal_table)
 
 
 if __name__ == "__main__":
