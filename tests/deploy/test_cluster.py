@@ -102,7 +102,7 @@ def test_publish_job_on_standalone_cluster_matches_local_plan(standalone_master,
     app = f"dp_spark-cluster-test-{uuid.uuid4().hex[:8]}"
     run = submit(master, app, ROOT / "jobs" / "publish_release.py", ["--env", str(deploy_env), "--conf", str(conf)])
     assert run.returncode == 0, run.explain()
-    assert "dau_daily: published (30 cells)" in run.stdout, run.explain()
+    assert "dau_daily: published (30 cells (30 keys x 1 statistic: distinct_units))" in run.stdout, run.explain()
     assert expected_id in run.stdout
     log = run.stdout + run.stderr
     for stage in ("bounding+aggregation", "noise", "write"):  # progress: a log line per stage
