@@ -219,6 +219,19 @@ def _key_table_json(k: Any) -> dict[str, Any]:
             "where": k.table.where}
 
 
+def _bounds_match(recorded: Mapping[str, Any], spec: Any) -> bool:
+    """A release's enforced bounds are its spec file's; with a key table, whose keys are read at
+    publication, L0 may be capped at the cells they give (``ReleaseSpec.with_table_keys``)."""
+    from dp_spark.config import bounds_to_json
+
+    declared = bounds_to_json(spec.bounds)
+    if not spec.table_key_sets:
+        return dict(recorded) == declared
+    l0 = "max_partitions_per_unit"
+    return ({k: v for k, v in recorded.items() if k != l0} == {k: v for k, v in declared.items() if k != l0}
+            and isinstance(recorded.get(l0), int) and 1 <= recorded[l0] <= declared[l0])
+
+
 def _key_table_cells(g: Mapping[str, Any]) -> str:
     return f"the keys of public table `{g['table']}` in `{g['column']}`"
 
@@ -500,13 +513,11 @@ def privacy_statement(
         if spec is None:
             problems.append(f"release {rid}: its spec version is not among the registered specs")
         else:
-            from dp_spark.config import bounds_to_json
-
             if rel.get("privacy_unit") not in (None, spec.unit.kind.value) or \
                     rel.get("neighbouring") not in (None, spec.neighbouring.value):
                 problems.append(f"release {rid}: unit or neighbour relation differs from its spec")
             if how == "exact" and rel.get("bounds_json") is not None and \
-                    json.loads(rel["bounds_json"]) != bounds_to_json(spec.bounds):
+                    not _bounds_match(json.loads(rel["bounds_json"]), spec):
                 problems.append(f"release {rid}: bounds differ from its spec")
         if rid not in version_of and rel.get("mode", "official") == "official" and rid not in pending:
             e = entry_of.get(rid)
