@@ -137,14 +137,22 @@ def test_a_changed_key_table_is_a_new_release_and_a_rerun_a_cache_hit(spark, tmp
     assert spent(eng) != left  # the new release is charged
 
 
-def test_a_key_table_larger_than_max_cells_is_refused_before_the_charge(spark, tmp_path):
+def test_a_key_table_larger_than_max_cells_is_refused_before_the_charge(spark, tmp_path, monkeypatch):
     """5 keys x 2 statistics = 10 cells > max_cells 9: refused with the sizes and the cap, no
-    key in the message, nothing charged (a first publish, then the refused one)."""
+    key in the message, nothing charged (a first publish, then the refused one), and no key
+    collected on the driver (only counted)."""
+    import dp_spark.backends.spark as backend
+
     env_file = shop(tmp_path, spark)
     eng = engine(spark, env_file)
     eng.publish(register(env_file, "listed", spec_dict("listed", {"values": ["p01"]})))
     left = spent(eng)
     big = register(env_file, "too_big", spec_dict("too_big", KEY_TABLE, max_cells=9))
+
+    def no_collect(*a, **k):
+        raise AssertionError("keys collected before their number was checked")
+
+    monkeypatch.setattr(backend, "collect_table_keys", no_collect)
     with pytest.raises(ConfigError) as exc:
         eng.publish(big)
     eng.close()
