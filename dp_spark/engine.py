@@ -135,7 +135,10 @@ def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) ->
     and version read (only then: the ids of other specs are unchanged), so that a changed key
     table is a new release and a rerun on the same versions is the same one."""
     if spec.table_key_sets:
-        raise ConfigError(f"{spec.source}: internal: a release id needs the key tables read (Engine.validate)")
+        raise ConfigError(f"{spec.source}: the release id of a spec with a key table "
+                          f"('{spec.key_table_field(spec.table_key_sets[0][0])}') needs its keys read first "
+                          "(Engine.validate, as publish does); the daily refresh and backfill do not read key "
+                          "tables: publish the spec instead")
     content: dict[str, Any] = {"spec": spec.canonical(), "input": {"table_id": table_id, "version": version},
                                "code_version": CODE_VERSION, "mode": mode}
     if spec.key_table_pins:
