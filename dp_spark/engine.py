@@ -390,7 +390,10 @@ class Engine:
         """Everything about ``spec`` that can be checked before a charge, creating nothing.
 
         Access and pre-registration (a refusal is audited), the budget policy (declared,
-        measure, dataset, unit) and its per-release maximum, the plan, the input snapshot
+        measure, dataset, unit), the key tables (declared public in the env, else refused
+        before anything is read; then read at a pinned version and counted against
+        ``max_cells``: :meth:`read_key_tables`; the ``spec`` returned holds their keys), the
+        per-release maximum, the plan, the input snapshot
         (pinned here unless given), the dataset's binding to a budget (when the ledger exists),
         the release table's schema (if the table exists) and the input schema, through the lazy
         partials. No release table, salt file, ledger file or ledger row is created: those are
@@ -408,9 +411,9 @@ class Engine:
         if spec.table_key_sets or spec.key_table_pins:
             # a key table must be declared public before anything of it is read
             precheck.check_key_tables(spec, self.env.public_datasets, tuple(self.env.datasets), self.env.source)
-        if spec.table_key_sets:
-            spec = self.read_key_tables(spec)
         policy = self.policy_for(spec)
+        if spec.table_key_sets:  # the public key tables only: no row of the input is read
+            spec = self.read_key_tables(spec)
         plan = plan_for(spec)  # every privacy parameter, before data is touched
         charge = spec.charge
         acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
