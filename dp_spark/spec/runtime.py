@@ -158,6 +158,9 @@ class ReleaseSpec:
     # cells = the cross product of the public key sets x the selected private key tuples
     key_sets: tuple[Any, ...] = ()
     where: Optional[str] = None
+    # confidence: {simultaneous: true}: each cell also gets a band, all of a statistic's cells
+    # inside their bands together with probability >= confidence (statistics.bands)
+    simultaneous: bool = False
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
@@ -182,6 +185,8 @@ class ReleaseSpec:
                 "confidence": str(self.confidence),
                 "columns": list(self.columns),
                 **({} if self.min_group_size is None else {"min_group_size": self.min_group_size.to_json()}),
+                # only when set: specs without simultaneous bands keep their release ids
+                **({"simultaneous": True} if self.simultaneous else {}),
             }
         return {
             "name": self.name,
@@ -212,6 +217,7 @@ class ReleaseSpec:
             "columns": list(self.columns),
             "min_group_size": None if self.min_group_size is None else self.min_group_size.to_json(),
             **({} if self.where is None else {"where": self.where}),
+            **({"simultaneous": True} if self.simultaneous else {}),
         }
 
     def version(self) -> str:
