@@ -259,22 +259,21 @@ class QueryPlan:
             cols = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, alpha)
             if cols is not None:
                 value, lo, hi = (cols.pop(f).tolist() for f in ("value", "ci_low", "ci_high"))
-                b_lo: list = [None] * n
-                b_hi: list = [None] * n
-                if band_alpha is not None:
-                    band = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, band_alpha)
-                    b_lo, b_hi = band["ci_low"].tolist(), band["ci_high"].tolist()
                 for i, values in enumerate(tuples):
                     cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)),
-                                  "value": value[i], "ci_low": lo[i], "ci_high": hi[i],
-                                  "band_low": b_lo[i], "band_high": b_hi[i], **cols})
+                                  "value": value[i], "ci_low": lo[i], "ci_high": hi[i], **cols})
+                if band_alpha is not None:
+                    band = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, band_alpha)
+                    if band is None:  # the same grids as the intervals': a vectorised form for both
+                        raise DpSparkError("internal: no vectorised band where there is a vectorised interval")
+                    for cell, b_lo, b_hi in zip(cells[-n:], band["ci_low"].tolist(), band["ci_high"].tolist()):
+                        cell["band_low"], cell["band_high"] = b_lo, b_hi
                 continue
             noisy = {c: fractions(c) for c in comps}
             for i, values in enumerate(tuples):
                 mine = {c: (noisy[c][i] if c.width == 1 else noisy[c][i * c.width:(i + 1) * c.width]) for c in comps}
                 out = kind.finish(stat, mine, plans, alpha)
-                out["band_low"] = out["band_high"] = None
-                if band_alpha is not None:
+                if band_alpha is not None:  # without bands the cells hold no band fields (null in the table)
                     band = kind.finish(stat, mine, plans, band_alpha)
                     out["band_low"], out["band_high"] = band["ci_low"], band["ci_high"]
                 cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)), **out})
