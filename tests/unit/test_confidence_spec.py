@@ -80,3 +80,14 @@ def test_merge_other_with_bands_is_refused():
         release_spec_from_dict(d)
     d["min_group_size"] = {"threshold": 5, "strategy": "suppress"}
     assert release_spec_from_dict(d).simultaneous
+
+
+def test_the_statement_explains_multiplicity_and_names_the_band():
+    from dp_spark.governance.statement import intervals_paragraph
+
+    plain = "\n".join(intervals_paragraph([{"name": "a", "confidence": "0.95"}]))
+    assert "60" in plain and "about 3 intervals" in plain and "about 5%" in plain
+    assert "No query of this family publishes simultaneous bands" in plain
+    banded = "\n".join(intervals_paragraph([{"name": "a", "confidence": "0.9", "simultaneous_bands": True}]))
+    assert "`a` publishes a simultaneous band" in banded and "0.9^(1/m) (Sidak)" in banded
+    assert "90%" in banded and "independent" in banded
