@@ -62,6 +62,7 @@ def _covered(cells, lo: str, hi: str) -> bool:
     return all(c[lo] <= TRUE_UNITS <= c[hi] for c in cells)
 
 
+@pytest.mark.slow  # 2 x 2,000 releases: about 45 s each
 @pytest.mark.parametrize("measure, seed", [("pure_dp", 61), ("zcdp", 62)])
 def test_band_covers_all_cells_together_and_a_narrow_band_fails(measure, seed):
     band = pointwise = sidak_30 = any_change = 0
