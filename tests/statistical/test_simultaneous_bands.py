@@ -97,6 +97,7 @@ def test_band_covers_all_cells_together_and_a_narrow_band_fails(measure, seed):
     assert not narrow_marks <= (1 - LEVEL) + TOL, narrow_marks
 
 
+@pytest.mark.slow  # 400 releases through the per-cell finish: 10-70 s
 def test_a_mean_band_covers_all_cells_together():
     """A mean (two noises, a clamped ratio; per-cell interval construction at the Sidak
     level): 400 releases of 30 cells, coverage of the bounded mean >= the level within 3 se.
