@@ -91,3 +91,16 @@ def test_the_statement_explains_multiplicity_and_names_the_band():
     banded = "\n".join(intervals_paragraph([{"name": "a", "confidence": "0.9", "simultaneous_bands": True}]))
     assert "`a` publishes a simultaneous band" in banded and "0.9^(1/m) (Sidak)" in banded
     assert "90%" in banded and "independent" in banded
+
+
+def test_the_builder_sets_simultaneous_bands():
+    import dp_spark.api as dp
+
+    b = (dp.release("x").on("demo_events", unit="user_id").by(day=dp.dates("2026-11-01", "2026-11-30"))
+         .distinct_units("dau").bounds(rows_per_unit=30, partitions_per_unit=30)
+         .charge(rho=0.25, budget="demo_events_user"))
+    assert not b.confidence(0.9).spec().simultaneous
+    assert b.confidence(0.9).to_dict()["confidence"] == 0.9  # the number form, as before
+    banded = b.confidence(0.9, simultaneous=True)
+    assert banded.spec().simultaneous and banded.spec().confidence == Fraction(9, 10)
+    assert release_spec_from_dict(yaml.safe_load(banded.to_yaml())).simultaneous
