@@ -366,18 +366,20 @@ def is_concurrent_change(exc: BaseException) -> bool:
     return any(marker in text for marker in _CONCURRENT_MARKERS)
 
 
-_CELL_FIELDS = ("statistic", "key", "value", "ci_low", "ci_high")
+_CELL_FIELDS = ("statistic", "key", "value", "ci_low", "ci_high", "band_low", "band_high")
 
 
 def same_cells(stored: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
     """True when the stored cells publish exactly the numbers of ``rows`` (same statistics,
-    keys, values and intervals). Then showing ``rows`` shows nothing that is not published;
+    keys, values, intervals and bands). Then showing ``rows`` shows nothing that is not published;
     otherwise another writer's draw is the release and ``rows`` must never be shown."""
-    def same(x):  # a suppressed cell's NaN equals NaN here
+    def same(x):  # a suppressed cell's NaN equals NaN here; no band is None
+        if x is None:
+            return ("none",)
         return ("nan",) if isinstance(x, float) and math.isnan(x) else ("v", x)
 
     def cells(rs):
-        return sorted(tuple(same(r[f]) for f in _CELL_FIELDS) for r in rs)
+        return sorted(tuple(same(r.get(f)) for f in _CELL_FIELDS) for r in rs)  # no band: None
 
     return len(stored) == len(rows) and cells(stored) == cells(rows)
 
