@@ -47,6 +47,7 @@ from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.core.events import ComposedEvent
 from dp_spark.statistics.base import kind_of
+from dp_spark.statistics.components import window_suffix
 from dp_spark.statistics.noise import joint_alpha
 
 _QUANTUM = 10**6
@@ -109,8 +110,6 @@ def date_feeds(spec) -> Optional["DateFeeds"]:
 def split_windows(spec, expanded: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
     """Partials per expanded cell -> partials per cell, each window's under ``<partial>@N``
     (:func:`dp_spark.statistics.components.window_suffix`; the day itself without suffix)."""
-    from dp_spark.statistics.components import window_suffix
-
     windows = spec.windows
     out: dict[int, dict[str, int]] = {}
     for e, parts in expanded.items():
@@ -325,7 +324,8 @@ def true_vector(comp, partials: Mapping[int, Mapping[str, int]], n: int) -> np.n
 
     empty: dict = {}
     if comp.kind in ("rows", "units"):
-        name = "dp_rows" if comp.kind == "rows" else "dp_units"
+        # a windowed component reads its window's partial (``<partial>@N``), as true_values does
+        name = ("dp_rows" if comp.kind == "rows" else "dp_units") + window_suffix(comp.window)
         if isinstance(partials, PartialColumns):
             return partials.dense(name, n)
         return np.fromiter((partials.get(i, empty).get(name, 0) for i in range(n)), dtype=np.int64, count=n)

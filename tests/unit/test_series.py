@@ -175,3 +175,26 @@ def test_the_single_metric_form_takes_a_bucket_too():
     # a range covering the same weeks with other days is another release
     d["group_by"]["public_keys"]["dates"]["start"] = "2026-11-03"
     assert release_spec_from_dict(d).version() != spec.version()
+
+
+def test_the_noise_step_reads_each_window_s_partials():
+    """The vectorised true values (what the noise is added to) are each window's own partials,
+    equal to the per-cell reference ``true_values``: a WAU read as the day's DAU was published
+    once (every window's series then equal to the daily one)."""
+    from dp_spark.statistics.plan import true_vector
+
+    spec = _spec(bounds={"max_rows_per_unit": 30, "max_partitions_per_unit": 30})
+    plan = plan_query(spec)
+    rng = random.Random(5)
+    rows = [{"user_id": f"u{rng.randrange(12)}", "day": rng.choice(DAYS), "v": float(rng.randrange(10))}
+            for _ in range(80)]
+    cells = query_partials(rows, plan, "s", schema=TYPES).cells
+    n = spec.cells
+    windowed = [c for c in plan.components if c.window != 1]
+    assert {c.kind for c in windowed} >= {"units", "rows"}
+    for comp in plan.components:
+        expected = [v for i in range(n) for v in comp.true_values(cells.get(i, {}))]
+        assert true_vector(comp, cells, n).tolist() == expected, comp
+    wau = next(c for c in windowed if c.kind == "units")
+    dau = next(c for c in plan.components if c.kind == "units" and c.window == 1)
+    assert true_vector(wau, cells, n).tolist() != true_vector(dau, cells, n).tolist()  # the data has repeat users
