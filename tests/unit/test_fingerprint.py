@@ -88,3 +88,28 @@ def test_the_fingerprint_is_keyed_by_the_salt_and_hides_it():
     assert len(fp) == 64 and int(fp, 16) >= 0
     with pytest.raises(ValueError):
         fingerprint_keys("")
+
+
+# -- which rows and columns a day's fingerprint covers (dp_spark.schedule) -----------------------
+def test_a_day_fingerprints_the_rows_reaching_its_cells_and_the_columns_the_spec_reads(tmp_path):
+    from datetime import date
+    from pathlib import Path
+
+    import yaml
+
+    from dp_spark.config import load_release_spec
+    from dp_spark.schedule import day_spec, fingerprint_columns, source_days
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "releases"
+    dau = day_spec(load_release_spec(conf / "dau_daily.yaml"), date(2026, 11, 3))
+    assert source_days(dau) == ("2026-11-03",) and fingerprint_columns(dau) == ("user_id", "day")
+    # rolling windows: the 28 days the monthly window of the day covers
+    mau = day_spec(load_release_spec(conf / "wau_mau_daily.yaml"), date(2026, 11, 30))
+    assert source_days(mau) == tuple(f"2026-11-{d:02d}" for d in range(3, 31))
+    # a where's columns count; a column only listed in `columns` does not (it changes no cell)
+    raw = yaml.safe_load((conf / "dau_daily.yaml").read_text())
+    raw.update(columns=["user_id", "day", "region", "event_time"], where="region <> 'region_01'")
+    p = tmp_path / "dau_where.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    spec = day_spec(load_release_spec(p), date(2026, 11, 3))
+    assert fingerprint_columns(spec) == ("user_id", "day", "region")
