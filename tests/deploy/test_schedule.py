@@ -322,15 +322,19 @@ def test_a_column_the_spec_does_not_read_changes_nothing(spark, deploy_env):
 def test_a_release_from_before_fingerprints_is_snapshot_changed(spark, deploy_env):
     eng = local_engine(spark, deploy_env)
     spec = env_spec(deploy_env, "dau_daily")
-    old = eng.publish(day_spec(spec, D[0]))  # as before this change: no fingerprint recorded
-    assert eng.ledger.fingerprint(old.release_id) is None
+    # as before this change: releases without a fingerprint
+    old = [eng.publish(day_spec(spec, d)) for d in D[:2]]
+    assert [eng.ledger.fingerprint(r.release_id) for r in old] == [None, None]
+    hit = daily_refresh(eng, spec, D[1])  # D1 rerun on its own snapshot: its fingerprint is recorded now
+    assert hit.status == "cache_hit" and eng.ledger.fingerprint(old[1].release_id) is not None
     path = _input_path(deploy_env)
     spark.read.format("delta").load(path).where(F.col("day") == F.lit(D[9])).limit(2) \
         .write.format("delta").mode("append").save(path)
-    r = daily_refresh(local_engine(spark, deploy_env), spec, D[0])
-    assert r.status == "snapshot_changed" and r.charge is None and r.release_id == old.release_id
-    assert "released before input fingerprints" in format_day(r)
-    assert _spent(eng) == RHO
+    res = backfill(local_engine(spark, deploy_env), spec, D[0], D[1])
+    assert [r.status for r in res] == ["snapshot_changed", "unchanged"]
+    assert [r.release_id for r in res] == [r.release_id for r in old] and all(r.charge is None for r in res)
+    assert "released before input fingerprints" in format_day(res[0])
+    assert _spent(eng) == RHO * 2
 
 
 def test_the_fingerprint_is_keyed_by_the_salt_and_never_shown(spark, tmp_path, deploy_input, capsys, caplog,
@@ -373,3 +377,16 @@ def test_the_fingerprint_is_keyed_by_the_salt_and_never_shown(spark, tmp_path, d
     for fp in fps:
         for text in (out, err, caplog.text, stored, audit):
             assert fp not in text and fp[:16] not in text
+
+
+def test_a_withdrawn_release_does_not_serve_its_unchanged_day(spark, deploy_env):
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")
+    first = daily_refresh(eng, spec, D[0])
+    assert eng.ledger.withdraw_version(spec.family, "admin_carol", "wrong filter") == (first.release_id, None)
+    path = _input_path(deploy_env)
+    spark.read.format("delta").load(path).where(F.col("day") == F.lit(D[9])).limit(2) \
+        .write.format("delta").mode("append").save(path)
+    r = daily_refresh(local_engine(spark, deploy_env), spec, D[0])
+    assert r.status == "snapshot_changed" and r.charge is None and "its release was withdrawn" in format_day(r)
+    assert _spent(eng) == RHO
