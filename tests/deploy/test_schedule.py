@@ -374,9 +374,13 @@ def test_the_fingerprint_is_keyed_by_the_salt_and_never_shown(spark, tmp_path, d
     stored = "".join(repr(r.asDict()) for t in tables for r in spark.read.format("delta").load(t).collect())
     with open_ledger(env.ledger_url) as led:
         audit = repr(led.audit_rows())
-    for fp in fps:
+    from dp_spark.salt import read_salt
+
+    salt = read_salt(env.salt_file)
+    secrets_ = [*fps, salt, fingerprint_keys(salt)[1], fingerprint_keys(salt)[0].hex()]
+    for secret in secrets_:
         for text in (out, err, caplog.text, stored, audit):
-            assert fp not in text and fp[:16] not in text
+            assert secret not in text and secret[:16] not in text
 
 
 def test_a_withdrawn_release_does_not_serve_its_unchanged_day(spark, deploy_env):
