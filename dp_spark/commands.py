@@ -235,6 +235,7 @@ class Checker:
         policy = precheck.policy_for(spec, self.policies, self.env.policies)
         precheck.check_charge_limits(spec, policy)
         self.env.dataset_location(spec.dataset)
+        precheck.check_key_tables(spec, self.env.public_datasets, tuple(self.env.datasets), self.env.source)
         precheck.check_access(self.access, self.principal, spec, self.mode)
         if self.with_data:
             self.input_columns(spec)

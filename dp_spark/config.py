@@ -79,6 +79,8 @@ class EnvConfig:
     # Databricks secret scope references (scope, key): dp_spark.secrets
     ledger_key_secret: Optional[tuple[str, str]] = None
     ledger_password_secret: Optional[tuple[str, str]] = None
+    #: the datasets declared ``public: true`` (no personal data): key tables may be read from them
+    public_datasets: frozenset[str] = frozenset()
 
     def dataset_location(self, dataset: str) -> str:
         if dataset not in self.datasets:
@@ -102,7 +104,7 @@ def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optiona
     def wpath(raw: str) -> str:
         return _resolve(root, raw.replace("{warehouse}", str(warehouse)))
 
-    datasets = {str(k): wpath(v) if "/" in v else v for k, v in m.datasets.items()}
+    datasets = {str(k): wpath(v) if "/" in v else v for k, v in m.locations().items()}
     ledger_url = (m.ledger_url or f"sqlite:{warehouse}/ledger.db").replace("{warehouse}", str(warehouse))
     if ledger_url.startswith("sqlite:") and not ledger_url.startswith("sqlite:///"):
         ledger_url = "sqlite:" + _resolve(root, ledger_url[len("sqlite:"):])
@@ -125,6 +127,7 @@ def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optiona
         lease_seconds=m.lease_seconds,
         demo=m.demo or {},
         source=source,
+        public_datasets=m.public_datasets(),
         **refs,
     )
 

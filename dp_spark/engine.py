@@ -103,6 +103,8 @@ class ValidatedRelease:
     path: str
     partials_df: Any
     salt: Optional[str]
+    #: the spec as given, when it differs from ``spec`` (its key tables read into ``spec``)
+    declared: Optional[ReleaseSpec] = None
 
 
 class _LedgerOnUse:
@@ -128,11 +130,20 @@ def plan_for(spec: ReleaseSpec):
 
 
 def release_id_for(spec: ReleaseSpec, table_id: str, version: int, mode: str) -> str:
-    blob = json.dumps(
-        {"spec": spec.canonical(), "input": {"table_id": table_id, "version": version},
-         "code_version": CODE_VERSION, "mode": mode},
-        sort_keys=True, separators=(",", ":"),
-    )
+    """The release id: the spec's canonical form, the input's Delta table id and version, the
+    code version and the mode; for a spec with key tables, also each key table's Delta table id
+    and version read (only then: the ids of other specs are unchanged), so that a changed key
+    table is a new release and a rerun on the same versions is the same one."""
+    if spec.table_key_sets:
+        raise ConfigError(f"{spec.source}: the release id of a spec with a key table "
+                          f"('{spec.key_table_field(spec.table_key_sets[0][0])}') needs its keys read first "
+                          "(Engine.validate, as publish does); the daily refresh and backfill do not read key "
+                          "tables: publish the spec instead")
+    content: dict[str, Any] = {"spec": spec.canonical(), "input": {"table_id": table_id, "version": version},
+                               "code_version": CODE_VERSION, "mode": mode}
+    if spec.key_table_pins:
+        content["key_tables"] = [{"table_id": t, "version": v} for t, v in spec.key_table_pins]
+    blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -379,7 +390,10 @@ class Engine:
         """Everything about ``spec`` that can be checked before a charge, creating nothing.
 
         Access and pre-registration (a refusal is audited), the budget policy (declared,
-        measure, dataset, unit) and its per-release maximum, the plan, the input snapshot
+        measure, dataset, unit), the key tables (declared public in the env, else refused
+        before anything is read; then read at a pinned version and counted against
+        ``max_cells``: :meth:`read_key_tables`; the ``spec`` returned holds their keys), the
+        per-release maximum, the plan, the input snapshot
         (pinned here unless given), the dataset's binding to a budget (when the ledger exists),
         the release table's schema (if the table exists) and the input schema, through the lazy
         partials. No release table, salt file, ledger file or ledger row is created: those are
@@ -393,7 +407,13 @@ class Engine:
         # who may run this spec, in this mode? (refusals are audited; nothing is read)
         authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec, ledger=_LedgerOnUse(self),
                   budget_id=spec.budget_id)
+        declared = spec
+        if spec.table_key_sets or spec.key_table_pins:
+            # a key table must be declared public before anything of it is read
+            precheck.check_key_tables(spec, self.env.public_datasets, tuple(self.env.datasets), self.env.source)
         policy = self.policy_for(spec)
+        if spec.table_key_sets:  # the public key tables only: no row of the input is read
+            spec = self.read_key_tables(spec)
         plan = plan_for(spec)  # every privacy parameter, before data is touched
         charge = spec.charge
         acc = Accountant(policy.measure, statement_delta=policy.statement_delta)
@@ -433,7 +453,33 @@ class Engine:
         salt = read_salt(self.env.salt_file)
         partials_df = self._partials(spec, plan, snapshot, salt or secrets.token_hex(32))
         return ValidatedRelease(spec=spec, policy=policy, plan=plan, snapshot=snapshot, release_id=release_id,
-                                path=path, partials_df=partials_df, salt=salt)
+                                path=path, partials_df=partials_df, salt=salt,
+                                declared=None if declared is spec else declared)
+
+    def read_key_tables(self, spec: ReleaseSpec) -> ReleaseSpec:
+        """``spec`` with its key tables read (``public_keys: {table, column, where}``), each at
+        its Delta version pinned now (:func:`~dp_spark.delta.release_table.pin_snapshot`), through
+        the public Delta reader: the distinct non-null values of the column, sorted. Their number
+        is counted on the executors and checked against ``max_cells`` before any key reaches the
+        driver (:meth:`ReleaseSpec.check_key_table_sizes`); then at most that many (<=
+        HARD_MAX_CELLS) are collected. The release id folds in each key table's id and version
+        (:func:`release_id_for`). The env must declare each key table public
+        (:func:`precheck.check_key_tables`): the caller checks that before this reads anything."""
+        from dp_spark.backends.spark import collect_table_keys, key_table_frame, total_where
+        from dp_spark.delta.release_table import pin_snapshot
+
+        precheck.check_key_tables(spec, self.env.public_datasets, tuple(self.env.datasets), self.env.source)
+        frames = {}
+        for i, k in spec.table_key_sets:
+            snap = pin_snapshot(self.spark, self.env.dataset_location(k.table.dataset))
+            frames[i] = (snap, key_table_frame(snap.reader(self.spark), k.table.column, k.table.where, spec.source,
+                                               spec.key_table_field(i)))
+        with total_where(self.spark, any(k.table.where is not None for _, k in spec.table_key_sets)):
+            sizes = {i: frame.count() for i, (_, frame) in frames.items()}
+            spec.check_key_table_sizes(sizes)  # before any key is collected, before any charge
+            read = {i: (collect_table_keys(frame, sizes[i]), snap.table_id, snap.version)
+                    for i, (snap, frame) in frames.items()}
+        return spec.with_table_keys(read)
 
     def _partials(self, spec: ReleaseSpec, plan, snapshot, salt: str):
         from dp_spark.backends.spark import build_query_partials
@@ -500,8 +546,9 @@ class Engine:
 
         if validated is None:
             validated = self.validate(spec, snapshot=snapshot)
-        elif validated.spec is not spec:
+        elif validated.spec is not spec and validated.declared is not spec:
             raise ConfigError(f"{spec.source}: the validated release given is of another spec")
+        spec = validated.spec  # with its key tables read, if it has any
         policy, plan, snapshot = validated.policy, validated.plan, validated.snapshot
         release_id, path, charge = validated.release_id, validated.path, spec.charge
         self.admit(validated)

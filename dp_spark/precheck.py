@@ -25,7 +25,7 @@ from dp_spark.spec.errors import did_you_mean
 from dp_spark.spec.where import where_columns
 
 __all__ = ["BudgetLeft", "LedgerNotFoundError", "budget_left", "budget_refused", "check_access", "check_charge_limits",
-           "check_input_columns", "columns_read", "policy_for", "schema_names", "require_existing_ledger", "require_fit"]
+           "check_input_columns", "check_key_tables", "columns_read", "policy_for", "schema_names", "require_existing_ledger", "require_fit"]
 
 
 class LedgerNotFoundError(ConfigError):
@@ -132,6 +132,28 @@ def require_fit(left: BudgetLeft, spec: ReleaseSpec, policy: BudgetPolicy) -> No
     (the reservation at publish time checks it again, atomically)."""
     if not left.fits:
         raise budget_refused(spec, policy.cap, left.remaining, left.window_start)
+
+
+def check_key_tables(spec: ReleaseSpec, public_datasets: frozenset, declared: Sequence[str],
+                     env_source: object) -> None:
+    """Refuse a key table (``public_keys.table``) that the env file does not declare, or does not
+    declare ``public: true``, naming the field: before any data (the key table's included) is
+    read. ``public_datasets``/``declared``: the env's public and declared datasets."""
+    for i, k in enumerate(spec.key_sets):
+        table = getattr(k, "table", None)
+        if table is None:
+            continue
+        where = spec.key_table_field(i)
+        if table.dataset not in declared:
+            raise ConfigError(f"{spec.source}: field '{where}': dataset '{table.dataset}' is not declared under "
+                              f"'datasets' in the env file {env_source}{did_you_mean(table.dataset, declared)}")
+        if table.dataset not in public_datasets:
+            raise ConfigError(
+                f"{spec.source}: field '{where}': dataset '{table.dataset}' is not declared public in the env file "
+                f"{env_source}: keys are read only from a dataset holding no personal data (nothing of it is "
+                f"read before it is declared so). If it holds none (a product catalogue), whoever owns the env's "
+                f"datasets declares it: datasets: {{{table.dataset}: {{location: ..., public: true}}}}; otherwise "
+                "list the keys (public_keys.values) or select them privately (private_keys)")
 
 
 def columns_read(spec: ReleaseSpec) -> list[tuple[str, str]]:

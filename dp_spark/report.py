@@ -36,9 +36,12 @@ def cells_text(spec: ReleaseSpec) -> str:
     included: it is published beside the mean). With private keys the keys are selected from
     the data: the count is then an upper bound."""
     names = [s.name for s in spec.statistics]
+    stats = f"{len(names)} statistic{'s' if len(names) != 1 else ''}: {', '.join(names)}"
+    if spec.table_key_sets:  # known once the key tables are read (publish), checked then against max_cells
+        tables = ", ".join(k.table.dataset for _, k in spec.table_key_sets)
+        return f"cells: the keys of key table {tables} (read at publication, at most max_cells={spec.max_cells}) x {stats}"
     bound = "at most " if spec.private_key_sets else ""
     keys = f"{spec.cells:,} key{'s' if spec.cells != 1 else ''}"
-    stats = f"{len(names)} statistic{'s' if len(names) != 1 else ''}: {', '.join(names)}"
     n = spec.cells * len(names)
     return f"{bound}{n:,} cell{'s' if n != 1 else ''} ({bound}{keys} x {stats})"
 

@@ -60,7 +60,7 @@ from dp_spark.statistics.plan import date_feeds, key_tuples, split_windows
 from dp_spark.statistics.selection import keep_over_threshold, limit_keys
 from dp_spark.core.units import Neighbouring
 
-__all__ = ["LocalPartials", "TYPES", "query_partials", "select_private_keys", "spark_xxhash64"]
+__all__ = ["LocalPartials", "TYPES", "query_partials", "select_private_keys", "spark_xxhash64", "table_keys"]
 
 #: the column types this backend reads (Spark's simple type names)
 TYPES = frozenset({"string", "long", "int", "double", "boolean", "date"})
@@ -203,6 +203,20 @@ class LocalPartials:
 
     cells: dict
     unit_counts: Optional[dict] = None
+
+
+def table_keys(rows: Iterable[Row], column: str, *, where: Optional[Callable[[Row], Any]] = None,
+               kind: Optional[str] = None) -> tuple[str, ...]:
+    """The key set a public key table gives (``public_keys: {table, column, where}``), as
+    :func:`dp_spark.backends.spark.key_table_frame` and ``collect_table_keys`` read it: the
+    distinct non-null values of ``column`` cast to string (``kind``: the column's type, else
+    inferred), of the rows the Python predicate ``where`` keeps (the spec's SQL ``where`` is
+    not evaluated here: see the module docstring), sorted. The release then reads it as any
+    public key set (:meth:`ReleaseSpec.with_table_keys`)."""
+    kept = [r for r in rows if where is None or where(dict(r))]
+    values = [r[column] for r in kept]
+    kind = kind or _infer_type(column, values)
+    return tuple(sorted({_as_string(v, kind) for v in values if v is not None}))
 
 
 def query_partials(rows: Iterable[Row], plan, salt: str, *, where: Optional[Callable[[Row], Any]] = None,

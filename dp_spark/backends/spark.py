@@ -140,6 +140,42 @@ def join_key_index(df: DataFrame, column: str, values, indices=None) -> tuple[Da
     return joined.drop(key_name), F.col(index_name)
 
 
+def key_table_frame(df: DataFrame, column: str, where, source: str, field: str) -> DataFrame:
+    """The key set of a public key table (``public_keys: {table, column, where}``): the distinct
+    non-null values of ``column`` in ``df`` (its pinned snapshot), cast to string as the data's
+    key column is read by :func:`join_key_index`, of the rows ``where`` (a row-wise predicate
+    already allowed by :func:`dp_spark.spec.where.check_where`) keeps. Lazy: one column
+    ``key``; count it, then collect it (:func:`collect_table_keys`), inside :func:`total_where`
+    when there is a ``where``. A missing column or an invalid ``where`` is a ConfigError naming
+    the field (``field``: ``group_by[0].public_keys.table``), never a value."""
+    base = field.rsplit(".", 1)[0]
+    if column not in df.columns:
+        raise ConfigError(f"{source}: field '{base}.column': the key table has no column '{column}'")
+    try:
+        with total_where(df.sparkSession, where is not None):
+            if where is not None:
+                df = df.where(F.expr(where))
+            keys = df.select(column_ref(column).cast(T.StringType()).alias("key")).where(F.col("key").isNotNull())
+            keys = keys.distinct()
+            _ = keys.schema  # Spark Connect analyses lazily: force it now
+    except ConfigError:
+        raise
+    except Exception as exc:  # AnalysisException / ParseException: never echo the data
+        raise ConfigError(f"{source}: field '{base}.where' is not a valid row-wise predicate over the key "
+                          f"table's columns ({type(exc).__name__})") from None
+    return keys
+
+
+def collect_table_keys(keys: DataFrame, limit: int) -> tuple[str, ...]:
+    """The keys of :func:`key_table_frame`, sorted, once their number is known to be at most
+    ``limit`` (<= HARD_MAX_CELLS: they are held on the driver as any declared key set is, and
+    broadcast back by :func:`join_key_index`); more is an internal error, never a silent cut."""
+    rows = keys.limit(limit + 1).collect()
+    if len(rows) > limit:
+        raise ConfigError("internal: the key table changed while it was read at a pinned version")
+    return tuple(sorted(r[0] for r in rows))
+
+
 def component_row_columns(comp: Component) -> dict[str, Any]:
     """Per-row Spark columns a component aggregates: {name: Column}, over the bounded rows
     (which hold ``dp_cell``, the unit and the clamped fixed-point value ``fixed_column``

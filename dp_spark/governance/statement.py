@@ -213,6 +213,29 @@ def summarise_release_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, 
     return res
 
 
+def _key_table_json(k: Any) -> dict[str, Any]:
+    """A group-by column whose keys a public key table holds (read at each publication)."""
+    return {"column": k.column, "kind": "table", "table": k.table.dataset, "table_column": k.table.column,
+            "where": k.table.where}
+
+
+def _bounds_match(recorded: Mapping[str, Any], spec: Any) -> bool:
+    """A release's enforced bounds are its spec file's; with a key table, whose keys are read at
+    publication, L0 may be capped at the cells they give (``ReleaseSpec.with_table_keys``)."""
+    from dp_spark.config import bounds_to_json
+
+    declared = bounds_to_json(spec.bounds)
+    if not spec.table_key_sets:
+        return dict(recorded) == declared
+    l0 = "max_partitions_per_unit"
+    return ({k: v for k, v in recorded.items() if k != l0} == {k: v for k, v in declared.items() if k != l0}
+            and isinstance(recorded.get(l0), int) and 1 <= recorded[l0] <= declared[l0])
+
+
+def _key_table_cells(g: Mapping[str, Any]) -> str:
+    return f"the keys of public table `{g['table']}` in `{g['column']}`"
+
+
 def _spec_json(spec: Any) -> dict[str, Any]:
     from dp_spark.config import bounds_to_json
 
@@ -224,7 +247,8 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         "metric": spec.metric,
         "privacy_unit": {"kind": spec.unit.kind.value, "column": spec.unit.column},
         "neighbouring": spec.neighbouring.value,
-        "group_by": None if spec.group_by is None else {
+        "group_by": _key_table_json(spec.key_sets[0]) if spec.table_key_sets and spec.metric is not None
+        else None if spec.group_by is None else {
             "column": spec.group_by.column, "kind": spec.group_by.kind, "cells": len(spec.group_by.values),
             "first_key": spec.group_by.values[0], "last_key": spec.group_by.values[-1]},
         "bounds": bounds_to_json(spec.bounds),
@@ -240,7 +264,9 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         "confidence": str(spec.confidence),
         "columns_read": list(spec.columns),
         "max_cells": spec.max_cells,
-        "parallel_composition": spec.bounds.max_partitions_per_unit == 1 and spec.cells > 1,
+        # a spec file's key table is read at publication: its cells are the release's
+        "parallel_composition": spec.bounds.max_partitions_per_unit == 1 and (bool(spec.table_key_sets)
+                                                                            or spec.cells > 1),
         "on_exhausted": spec.on_exhausted.policy,
         "source": str(spec.source),
     }
@@ -250,18 +276,19 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         d["statistics"] = [s.canonical() for s in spec.statistics]
         d["group_by"] = [{"column": k.column, "kind": k.kind, "cells": len(k.values),
                           "first_key": k.values[0], "last_key": k.values[-1]}
-                         if k.kind != "private" else
+                         if k.kind not in ("private", "table") else
+                         _key_table_json(k) if k.kind == "table" else
                          {"column": k.column, "kind": "private", "max_keys": k.max_keys}
                          for k in spec.key_sets]
         d["where"] = spec.where
-        d["key_tuples"] = spec.cells
-        if spec.private_key_sets:
+        d["key_tuples"] = None if spec.table_key_sets else spec.cells
+        if spec.private_key_sets and not spec.table_key_sets:
             # public parameters of the private key selection only: which keys were selected is
             # in the release table, never how many units they have
             from dp_spark.statistics.plan import plan_query
 
             sel = plan_query(spec).selection
-            d["key_tuples_at_most"] = spec.cells
+            d["key_tuples_at_most"] = None if spec.table_key_sets else spec.cells
             d["key_selection"] = {
                 "columns": list(sel.columns), "share_of_charge": str(spec.selection_share),
                 "epsilon": float(sel.epsilon), "delta": float(sel.delta),
@@ -486,13 +513,11 @@ def privacy_statement(
         if spec is None:
             problems.append(f"release {rid}: its spec version is not among the registered specs")
         else:
-            from dp_spark.config import bounds_to_json
-
             if rel.get("privacy_unit") not in (None, spec.unit.kind.value) or \
                     rel.get("neighbouring") not in (None, spec.neighbouring.value):
                 problems.append(f"release {rid}: unit or neighbour relation differs from its spec")
             if how == "exact" and rel.get("bounds_json") is not None and \
-                    json.loads(rel["bounds_json"]) != bounds_to_json(spec.bounds):
+                    not _bounds_match(json.loads(rel["bounds_json"]), spec):
                 problems.append(f"release {rid}: bounds differ from its spec")
         if rid not in version_of and rel.get("mode", "official") == "official" and rid not in pending:
             e = entry_of.get(rid)
@@ -610,7 +635,8 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         b = q["bounds"]
         metric = q["metric"]
         if isinstance(q["group_by"], list):  # multi-statistic form: key tuples x statistics
-            cells = " x ".join(f"{g['cells']} `{g['column']}`" if g.get("kind") != "private" else
+            cells = " x ".join(f"{g['cells']} `{g['column']}`" if g.get("kind") not in ("private", "table") else
+                               _key_table_cells(g) if g.get("kind") == "table" else
                                f"at most {g['max_keys']} `{g['column']}` (found privately)"
                                for g in q["group_by"]) or "1"
             metric = ", ".join(f"{st['name']} ({st['kind']})" for st in q["statistics"])
@@ -620,7 +646,8 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
             if q.get("where"):
                 metric += " where " + q["where"].replace("|", "\\|")
         else:
-            cells = 1 if q["group_by"] is None else f"{q['group_by']['cells']} by `{q['group_by']['column']}`"
+            cells = (1 if q["group_by"] is None else _key_table_cells(q["group_by"]) if q["group_by"].get("kind") == "table"
+                     else f"{q['group_by']['cells']} by `{q['group_by']['column']}`")
             clamp = "-" if q["clamp"] is None else f"[{q['clamp']['enforced'][0]}, {q['clamp']['enforced'][1]}]"
         add(f"| {q['name']} | `{q['version']}` | {metric} | {cells} | "
             f"{b['max_rows_per_unit']}, {b['max_partitions_per_unit']}, {b['max_rows_per_partition'] or b['max_rows_per_unit']} | "

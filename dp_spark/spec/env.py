@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from pydantic import Field, PlainValidator, ValidationError, WithJsonSchema
+from pydantic import Field, PlainValidator, ValidationError, WithJsonSchema, field_validator
 from typing_extensions import Annotated
 
 from dp_spark.errors import ConfigError
 from dp_spark.spec.errors import model_errors, raise_errors
 from dp_spark.core.fields import FreeText, PositiveInt, SpecModel, fail
 
-__all__ = ["EnvModel", "SecretRefModel", "SparkModel", "env_model"]
+__all__ = ["DatasetModel", "EnvModel", "SecretRefModel", "SparkModel", "env_model"]
 
 
 def _path_text(v: Any) -> str:
@@ -44,6 +44,17 @@ class SecretRefModel(SpecModel):
     key: NonEmpty = Field(description="the secret's key in the scope")
 
 
+class DatasetModel(SpecModel):
+    """A dataset with properties (a bare location stands for ``{location: L}``)."""
+
+    location: Location = Field(description="Delta path (contains /) or catalog table name")
+    public: bool = Field(
+        False, description="the dataset holds no personal data (a product catalogue, a store list): a release may "
+                           "read its group-by keys from it (public_keys.table); declared here, by whoever owns the "
+                           "env's datasets, because it is a property of the data (access.yaml says who may "
+                           "publish, not what is public)")
+
+
 class SparkModel(SpecModel):
     """``spark``: the session the jobs build."""
 
@@ -57,7 +68,8 @@ class EnvModel(SpecModel):
     name: FreeText = Field(description="label")
     spark: Optional[SparkModel] = Field(None, description="used only when no SparkSession exists yet")
     warehouse: FreeText = Field(description="root folder; {warehouse} in other fields expands to it")
-    datasets: dict[str, Location] = Field(description="logical dataset -> Delta path (contains /) or catalog table name")
+    datasets: dict[str, DatasetModel] = Field(
+        description="logical dataset -> its Delta path (contains /) or catalog table name, or {location, public}")
     output_root: PathText = Field("{warehouse}/releases", description="where official release tables go")
     exploration_root: PathText = Field("{warehouse}/exploration", description="where exploration release tables go")
     ledger_url: Optional[FreeText] = Field(None, description="sqlite:PATH (embedded; default sqlite:{warehouse}/ledger.db) or postgresql://... (shared)")
@@ -73,6 +85,20 @@ class EnvModel(SpecModel):
     ledger_password_secret: Optional[SecretRefModel] = Field(
         None, description="{scope, key} of the Databricks secret holding the PostgreSQL password, exported to "
                           "$PGPASSWORD on Databricks unless set")
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _bare_locations(cls, v: Any) -> Any:
+        """A bare location stands for ``{location: L}`` (not public)."""
+        return {k: {"location": d} if isinstance(d, str) else d for k, d in v.items()} if isinstance(v, Mapping) else v
+
+    def locations(self) -> dict[str, str]:
+        """Each dataset's location, as written."""
+        return {k: v.location for k, v in self.datasets.items()}
+
+    def public_datasets(self) -> frozenset[str]:
+        """The datasets declared ``public: true``."""
+        return frozenset(k for k, v in self.datasets.items() if v.public)
 
     def secret_refs(self) -> dict[str, Optional[tuple[str, str]]]:
         return {f: None if getattr(self, f) is None else (getattr(self, f).scope, getattr(self, f).key)

@@ -38,8 +38,8 @@ from dp_spark.statistics.postprocess import OTHER_KEY, MinGroupSize, count_stati
 from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
 from dp_spark.spec.legacy import legacy_statistics
 from dp_spark.spec.errors import did_you_mean, model_errors, raise_errors
-from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, MeanOptions, PrivateKeys,
-                                   PublicKeys, ReleaseSpec, ValueSpec, bucketed, grid_align)
+from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, KeyTable, MeanOptions, PrivateKeys,
+                                   PublicKeys, ReleaseSpec, TableKeys, ValueSpec, bucketed, grid_align)
 from dp_spark.core.fields import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
                                  Number, PositiveInt, PositiveNumber, SpecModel, fail, fail_at, int_type,
                                  number_type)
@@ -189,20 +189,45 @@ class DateRangeModel(SpecModel):
 
 
 class PublicKeysModel(SpecModel):
-    """``public_keys``: the declared key set, ``values`` or ``dates`` (never read from the data)."""
+    """``public_keys``: the declared key set: ``values``, ``dates``, or a public key ``table``
+    (never read from the data the release counts)."""
 
     values: Optional[Annotated[list[KeyValue], Field(min_length=1)]] = Field(
         None, description="the keys, listed (strings or integers)")
     dates: Optional[DateRangeModel] = Field(None, description="a range of days")
+    table: Optional[Identifier] = Field(
+        None, description="the keys are the distinct non-null values of 'column' in this dataset of the env file, "
+                          "which must declare it public: true (a catalogue holding no personal data); read at a "
+                          "pinned Delta version when the release is validated, sorted; their number counts "
+                          "against max_cells before the charge")
+    column: Optional[Column] = Field(None, description="table: the key table's column holding the keys")
+    where: Optional[Annotated[str, Field(min_length=1, max_length=4000)]] = Field(
+        None, description="table: a row-wise Spark SQL predicate over the key table's columns selecting the keys "
+                          "(the same allow-list as the release's where)")
 
     @model_validator(mode="after")
     def _one(self) -> "PublicKeysModel":
-        _exactly_one(self, "values", "dates", "give exactly one of 'values' or 'dates'")
+        given = [f for f in ("values", "dates", "table") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise fail("give exactly one of 'values', 'dates' or 'table'")
         if self.values is not None and len({str(v) for v in self.values}) != len(self.values):
             raise fail("keys must be distinct")
+        if self.table is None:
+            extra = [f for f in ("column", "where") if getattr(self, f) is not None]
+            if extra:
+                raise fail_at([((f,), "only a key 'table' takes it") for f in extra])
+        elif self.column is None:
+            raise fail_at([(("column",), "a key table needs the column holding the keys")])
+        elif self.where is not None:
+            try:  # the functions and operators now; the columns against the table's schema when it is read
+                check_where(self.where, None, "<key table>")
+            except ConfigError as exc:
+                raise fail_at([(("where",), str(exc).split("field 'where': ", 1)[-1])]) from None
         return self
 
-    def resolve(self, column: str, run_date: date) -> PublicKeys:
+    def resolve(self, column: str, run_date: date) -> Union[PublicKeys, TableKeys]:
+        if self.table is not None:
+            return TableKeys(column=column, table=KeyTable(dataset=self.table, column=self.column, where=self.where))
         if self.values is not None:
             return PublicKeys(column=column, kind="string", values=tuple(str(v) for v in self.values))
         return PublicKeys(column=column, kind="date", values=self.dates.days(run_date))
@@ -222,7 +247,8 @@ class GroupByEntryModel(SpecModel):
     """One ``group_by`` entry of the multi-statistic form."""
 
     column: Column = Field(description="the key column")
-    public_keys: Optional[PublicKeysModel] = Field(None, description="its declared keys")
+    public_keys: Optional[PublicKeysModel] = Field(None, description="its declared keys (listed, a range of days, "
+                                                                     "or read from a public key table)")
     private_keys: Optional[PrivateKeysModel] = Field(
         None, description="instead of public_keys: keys selected privately (the budget then declares a delta)")
     bucket: Optional[Literal["week", "month"]] = Field(
@@ -471,8 +497,10 @@ class _SpecBase(SpecModel):
                 err(("group_by",), "private key columns are selected jointly with one share of the charge: give "
                                    "'share' once, or the same value on each")
             n_keys = 1
-            for k in key_sets:  # private key columns count as their most selected keys
-                n_keys *= k.max_keys if isinstance(k, PrivateKeys) else len(k.values)
+            for k in key_sets:  # private key columns count as their most selected keys; a key
+                # table as one key until it is read (Engine.validate checks its size then)
+                n_keys *= (k.max_keys if isinstance(k, PrivateKeys) else 1 if isinstance(k, TableKeys)
+                           else len(k.values))
             n_cells = n_keys * len(statistics)
             windows = {s.window for s in statistics if s.window is not None}
             if windows:
@@ -489,7 +517,8 @@ class _SpecBase(SpecModel):
                 n_keys *= len(windows | ({1} if any(s.window is None for s in statistics) else set()))
         else:
             metric = self.metric
-            n_keys = n_cells = (1 if not key_sets else key_sets[0].max_keys if isinstance(key_sets[0], PrivateKeys)
+            n_keys = n_cells = (1 if not key_sets or isinstance(key_sets[0], TableKeys)
+                                else key_sets[0].max_keys if isinstance(key_sets[0], PrivateKeys)
                                 else len(key_sets[0].values))
             if metric in ("sum", "mean"):
                 if self.value is None:
@@ -523,7 +552,8 @@ class _SpecBase(SpecModel):
         l0 = b.max_partitions_per_unit
         if not key_sets and l0 != 1:
             err(("bounds", "max_partitions_per_unit"), "must be 1 without group_by")
-        l0 = min(l0, n_keys)  # a unit cannot touch more cells (key tuples) than exist
+        if not any(isinstance(k, TableKeys) for k in key_sets):  # else capped when the keys are read
+            l0 = min(l0, n_keys)  # a unit cannot touch more cells (key tuples) than exist
         if neighbouring == Neighbouring.EVENT and (b.max_rows_per_unit != 1 or l0 != 1
                                                    or (b.max_rows_per_partition or 1) != 1):
             err(("bounds",), "event-level releases bound each event to one row: set all bounds to 1")
@@ -607,7 +637,7 @@ class _SpecBase(SpecModel):
             err(("min_group_size",), "needs a noisy group size: add a 'count' or 'distinct_units' statistic (its "
                                      "noisy value is thresholded)")
         if rule.strategy == "merge_other":
-            if len(key_sets) != 1 or not isinstance(key_sets[0], PublicKeys):
+            if len(key_sets) != 1 or not isinstance(key_sets[0], (PublicKeys, TableKeys)):
                 err(("min_group_size", "strategy"), "merge_other needs exactly one group-by column, with public "
                                                     "keys (use suppress)")
             other = [s.name for s in statistics if s.kind not in MERGEABLE_KINDS]

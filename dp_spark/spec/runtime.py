@@ -22,7 +22,7 @@ from dp_spark.statistics.postprocess import MinGroupSize
 from dp_spark.statistics.base import StatisticSpec, align_clamp
 from dp_spark.core.units import ContributionBounds, Neighbouring, PrivacyUnit
 
-__all__ = ["PublicKeys", "PrivateKeys", "ValueSpec", "MeanOptions", "ExhaustionPolicy", "ReleaseSpec",
+__all__ = ["PublicKeys", "PrivateKeys", "KeyTable", "TableKeys", "ValueSpec", "MeanOptions", "ExhaustionPolicy", "ReleaseSpec",
            "DEFAULT_SELECTION_SHARE", "key_set_canonical", "bounds_to_json", "grid_align", "bucket_of",
            "bucketed"]
 
@@ -39,6 +39,11 @@ class PublicKeys:
     #: declared days cover, ``days`` the declared days (rows on other days are dropped)
     bucket: Optional[str] = None
     days: tuple[str, ...] = ()
+    #: keys read from a public key table (``public_keys: {table, column, where}``): the table
+    #: declared, and the pinned (Delta table id, version) they were read at; ``values`` are then
+    #: its distinct non-null values of the column, as strings, sorted
+    table: Optional["KeyTable"] = None
+    pin: Optional[tuple[str, int]] = None
 
     def restricted_to(self, keys: tuple[str, ...]) -> "PublicKeys":
         missing = [k for k in keys if k not in self.values]
@@ -74,6 +79,32 @@ def bucketed(column: str, days: tuple[str, ...], bucket: str) -> PublicKeys:
     """The public key set of ``days`` derived into ``bucket`` (the buckets they cover, in order)."""
     return PublicKeys(column=column, kind="date", values=tuple(dict.fromkeys(bucket_of(d, bucket) for d in days)),
                       bucket=bucket, days=tuple(days))
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    """``public_keys: {table, column, where}``: a group-by column's public keys are the distinct
+    non-null values of ``column`` in the dataset ``dataset`` (declared ``public: true`` in the env
+    file), restricted by ``where`` (a row-wise predicate on that table), read at a pinned Delta
+    version when the release is validated."""
+
+    dataset: str
+    column: str
+    where: Optional[str] = None
+
+    def canonical(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "column": self.column, "where": self.where}
+
+
+@dataclass(frozen=True)
+class TableKeys:
+    """A group-by column whose public keys are still to be read from its key table (the spec as
+    written: the engine reads the keys when it validates the release, :meth:`ReleaseSpec.with_table_keys`).
+    Its keys, and so the cells of the release, are unknown until then."""
+
+    column: str
+    table: KeyTable
+    kind: str = "table"
 
 
 @dataclass(frozen=True)
@@ -158,6 +189,9 @@ class ReleaseSpec:
     # cells = the cross product of the public key sets x the selected private key tuples
     key_sets: tuple[Any, ...] = ()
     where: Optional[str] = None
+    #: the bounds as written, when reading a key table capped L0 at its cells
+    #: (:meth:`with_table_keys`): the canonical form, and so the spec version, keep them
+    declared_bounds: Optional[ContributionBounds] = None
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
@@ -176,7 +210,7 @@ class ReleaseSpec:
                 "where": self.where,
                 "group_by": [key_set_canonical(k) for k in self.key_sets],
                 "statistics": [s.canonical() for s in self.statistics],
-                "bounds": bounds_to_json(self.bounds),
+                "bounds": bounds_to_json(self.declared_bounds or self.bounds),
                 "budget_id": self.budget_id,
                 "charge": self.charge.to_json(),
                 "confidence": str(self.confidence),
@@ -190,7 +224,10 @@ class ReleaseSpec:
             "unit": {"kind": self.unit.kind.value, "column": self.unit.column},
             "neighbouring": self.neighbouring.value,
             "metric": self.metric,
-            "group_by": None
+            # keys from a key table: the declaration (new specs only; old ones keep their shape)
+            "group_by": key_set_canonical(self.key_sets[0])
+            if self.key_sets and getattr(self.key_sets[0], "table", None) is not None
+            else None
             if self.group_by is None
             else {"column": self.group_by.column, "kind": self.group_by.kind, "keys": list(self.group_by.values),
                   # only when set: specs without a bucket keep their release ids
@@ -200,7 +237,7 @@ class ReleaseSpec:
             if self.value is None
             else {"column": self.value.column, "lower": str(self.value.lower), "upper": str(self.value.upper),
                   "grid_exponent": self.value.grid_exponent},
-            "bounds": bounds_to_json(self.bounds),
+            "bounds": bounds_to_json(self.declared_bounds or self.bounds),
             "budget_id": self.budget_id,
             "charge": self.charge.to_json(),
             "mean": None
@@ -228,6 +265,71 @@ class ReleaseSpec:
         return tuple(k for k in self.key_sets if isinstance(k, PrivateKeys))
 
     @property
+    def table_key_sets(self) -> tuple[tuple[int, TableKeys], ...]:
+        """The group-by columns whose keys are still to be read from a key table: (position in
+        ``key_sets``, declaration). Empty once :meth:`with_table_keys` has read them."""
+        return tuple((i, k) for i, k in enumerate(self.key_sets) if isinstance(k, TableKeys))
+
+    @property
+    def key_table_pins(self) -> tuple[tuple[str, int], ...]:
+        """The (Delta table id, version) each key table was read at, in ``group_by`` order
+        (empty for a spec without key tables: its release ids stay what they were)."""
+        return tuple(k.pin for k in self.key_sets if isinstance(k, PublicKeys) and k.pin is not None)
+
+    def key_table_field(self, i: int) -> str:
+        """The field path of the key table of ``key_sets[i]``, as errors name it."""
+        return "group_by.public_keys.table" if self.metric is not None else f"group_by[{i}].public_keys.table"
+
+    def cells_with(self, sizes: dict[int, int]) -> int:
+        """The cells (the single-metric form: key tuples; else key tuples x statistics) once the
+        key tables at ``sizes``' positions hold that many keys each."""
+        n = 1
+        for i, k in enumerate(self.key_sets):
+            n *= (sizes[i] if isinstance(k, TableKeys) else k.max_keys if isinstance(k, PrivateKeys)
+                  else len(k.values))
+        return n if self.metric is not None else n * len(self.statistics)
+
+    def check_key_table_sizes(self, sizes: dict[int, int]) -> None:
+        """Refuse key tables that hold no key, or so many that the cells exceed ``max_cells``
+        (before any charge; the message has the sizes and the cap, never a key)."""
+        for i, n in sizes.items():
+            if n == 0:
+                raise ConfigError(f"{self.source}: field '{self.key_table_field(i)}': the key table holds no key "
+                                  "(no non-null value of its column matches its where): a release needs one cell at "
+                                  "least")
+        cells = self.cells_with(sizes)
+        if cells > self.max_cells:
+            held = ", ".join(f"{self.key_table_field(i)} holds {n} keys" for i, n in sorted(sizes.items()))
+            raise ConfigError(
+                f"{self.source}: {held}: {cells} cells (key tuples x statistics) exceed max_cells={self.max_cells}; "
+                "restrict the key table with public_keys.where, or raise max_cells (every cell shares the budget)")
+
+    def with_table_keys(self, read: dict[int, tuple[tuple[str, ...], str, int]]) -> "ReleaseSpec":
+        """The spec with its key tables read: ``read[i]`` is (the keys, the Delta table id, the
+        version read) of ``key_sets[i]``; each becomes a :class:`PublicKeys` like any declared key
+        set, its L0 capped at the cells as a declared set's is. Refused (ConfigError: sizes,
+        never a key) when a key table is empty or the cells exceed ``max_cells``."""
+        if set(read) != {i for i, _ in self.table_key_sets}:
+            raise ConfigError(f"{self.source}: internal: every key table is read, and only those")
+        self.check_key_table_sizes({i: len(v[0]) for i, v in read.items()})
+        key_sets = list(self.key_sets)
+        for i, (values, table_id, version) in read.items():
+            k = key_sets[i]
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{self.source}: internal: the keys read from a key table are not distinct")
+            key_sets[i] = PublicKeys(column=k.column, kind="string", values=tuple(values), table=k.table,
+                                     pin=(str(table_id), int(version)))
+        mgs = self.min_group_size
+        if mgs is not None and any(mgs.other_key in key_sets[i].values for i in read):
+            raise ConfigError(f"{self.source}: field 'min_group_size.other_key' is a key of the key table: choose "
+                              "another other_key")
+        single = key_sets[0] if len(key_sets) == 1 and isinstance(key_sets[0], PublicKeys) else None
+        out = replace(self, key_sets=tuple(key_sets), group_by=single)
+        # a unit cannot touch more cells than exist (with windows: (key tuple, window) cells)
+        l0 = min(self.bounds.max_partitions_per_unit, out.cells * len(out.windows))
+        return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0), declared_bounds=self.bounds)
+
+    @property
     def max_private_tuples(self) -> int:
         """At most this many private key tuples are selected (1 without private keys): the
         product of the private columns' ``max_keys``."""
@@ -247,11 +349,19 @@ class ReleaseSpec:
     @property
     def cells(self) -> int:
         """The number of key tuples (cells per statistic); with private keys, the most there
-        can be (public key tuples x the most private key tuples selected)."""
+        can be (public key tuples x the most private key tuples selected). Unknown, and
+        refused, while a key table is unread (:meth:`with_table_keys`)."""
+        self._require_keys_read()
         n = 1
         for k in self.public_key_sets:
             n *= len(k.values)
         return n * self.max_private_tuples
+
+    def _require_keys_read(self) -> None:
+        if self.table_key_sets:
+            raise ConfigError(f"{self.source}: the keys of '{self.key_table_field(self.table_key_sets[0][0])}' are "
+                              "read from the key table when the release is validated against an env (publish); "
+                              "the cells are not known before")
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -260,6 +370,7 @@ class ReleaseSpec:
         if self.private_key_sets:
             raise ConfigError(f"{self.source}: the keys of a release with private_keys are selected "
                               "from the data at publication; they are not known in advance")
+        self._require_keys_read()
         from dp_spark.statistics.plan import canonical_key, key_tuples
 
         return tuple(canonical_key(self.key_sets, t) for t in key_tuples(self.key_sets))
@@ -320,6 +431,9 @@ class ReleaseSpec:
 
 
 def key_set_canonical(k: Any) -> dict[str, Any]:
+    table = getattr(k, "table", None)
+    if table is not None:  # the declaration, read or not (the release id adds the pinned version)
+        return {"column": k.column, "kind": "table", "table": table.canonical()}
     if isinstance(k, PrivateKeys):
         return {"column": k.column, "kind": "private", "max_keys": k.max_keys,
                 "share": None if k.share is None else str(k.share)}

@@ -68,6 +68,8 @@ def _models_in(tp: Any, suffix: str = "") -> list[tuple[type[BaseModel], str]]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
         return [m for a in args for m in _models_in(a, suffix + "[]")]
+    if origin is dict:  # a mapping's values: ``datasets.<name>.public``
+        return _models_in(args[1], suffix + ".<name>")
     if origin in (Union, Annotated) or str(origin) == "typing.Annotated":
         return [m for a in args for m in _models_in(a, suffix)]
     return []

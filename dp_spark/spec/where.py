@@ -32,7 +32,7 @@ the expression's literals.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 from dp_spark.errors import ConfigError
 from dp_spark.spec.errors import did_you_mean
@@ -177,7 +177,7 @@ def _tokens(raw: str, source: str) -> list[str]:
     return out
 
 
-def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
+def check_where(raw: Any, columns: Optional[tuple[str, ...]], source: str) -> str:
     """``raw`` if it is an allowed ``where`` over ``columns``, else a :class:`ConfigError`.
 
     Checked before any data is read: every column it names is in ``columns``; every function
@@ -186,7 +186,8 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
     aggregate, window, subquery or set operation. The engine then resolves it against the
     input's schema restricted to ``columns`` (a column outside them cannot be resolved) and
     evaluates it totally (module docstring). Errors name the function or operator refused,
-    never a literal of the expression.
+    never a literal of the expression. ``columns`` None: every check but the columns' (a key
+    table's ``where``, whose columns are checked against the table's schema once it is pinned).
     """
     if not isinstance(raw, str) or not raw.strip():
         raise _err(source, "must be a non-empty Spark SQL boolean expression")
@@ -212,7 +213,7 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
             raise _err(source, f"character '{t}' is not allowed in a row-wise predicate")
         if t.startswith("`"):
             name = t[1:-1].replace("``", "`")
-            if name not in columns:
+            if columns is not None and name not in columns:
                 raise _err(source, f"references column '{name}', which is not in 'columns'"
                            f"{did_you_mean(name, columns)}: {_NOT_LISTED}")
             continue
@@ -249,7 +250,7 @@ def check_where(raw: Any, columns: tuple[str, ...], source: str) -> str:
                           "see docs/config.md, 'where')"))
         if prev == "." or low in _KEYWORDS:
             continue
-        if t not in columns:
+        if columns is not None and t not in columns:
             raise _err(source, f"references column '{t}', which is not in 'columns'"
                        f"{did_you_mean(t, columns)}: {_NOT_LISTED}")
     if depth != 0:

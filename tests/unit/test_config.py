@@ -188,7 +188,7 @@ def test_env_errors_are_reported_at_once_by_field_path():
                       source="e.yaml")
     msg = str(exc.value)
     assert msg.startswith("e.yaml: 4 errors")
-    for path in ("spark.mastr", "datasets.x", "lease_seconds", "ledger_key_secret.key"):
+    for path in ("spark.mastr", "datasets.x.location", "lease_seconds", "ledger_key_secret.key"):
         assert f"field '{path}'" in msg, msg
     assert "secret_scope_7" not in msg
 
