@@ -162,8 +162,10 @@ class ReleaseBuilder:
             b["max_rows_per_partition"] = rows_per_partition
         return self._with(bounds=b)
 
-    def confidence(self, level: float) -> "ReleaseBuilder":
-        return self._with(confidence=level)
+    def confidence(self, level: float, *, simultaneous: bool = False) -> "ReleaseBuilder":
+        """The intervals' level; ``simultaneous``: also a band per cell covering all cells of a
+        statistic together (``docs/accuracy.md``)."""
+        return self._with(confidence={"level": level, "simultaneous": True} if simultaneous else level)
 
     def max_cells(self, n: int) -> "ReleaseBuilder":
         return self._with(max_cells=n)

@@ -316,13 +316,16 @@ def accept_policy(env: EnvConfig, budget_id: str, reason: str, *, spark: Any = N
         return principal, ledger.accept_policy(policies[budget_id], principal=principal, reason=reason.strip())
 
 
-def show_family(env: EnvConfig, family: str, *, series: bool = False) -> list[dict[str, Any]]:
+def show_family(env: EnvConfig, family: str, *, series: bool = False,
+                columns: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """The published rows of a release family's current version (official mode), sorted by key
     and statistic: ``{key, statistic, value, ci_low, ci_high, suppressed}`` each. ``series``:
     the family as a series instead (each key's latest version not withdrawn, as a daily
     refresh publishes it: :func:`dp_spark.governance.versions.series_view`). Reads the
     family's release table (``<output_root>/<family>``) and the ledger's version record;
-    charges nothing, draws no noise."""
+    charges nothing, draws no noise. ``columns``: other columns of the release table to return
+    (``dp-spark chart`` reads the noise fields and bands too); one a table written before it
+    existed lacks is left out."""
     from dp_spark.delta.release_table import table_exists
     from dp_spark.governance.versions import published_view, series_view
     from dp_spark.spark import get_or_create_session
@@ -332,10 +335,11 @@ def show_family(env: EnvConfig, family: str, *, series: bool = False) -> list[di
     path = f"{env.output_root}/{family}"
     if not table_exists(spark, path):
         raise ConfigError(f"family {family!r} has no release table under the env's output_root")
-    cols = ["key", "statistic", "value", "ci_low", "ci_high", "suppressed"]
+    cols = list(dict.fromkeys(["key", "statistic", "value", "ci_low", "ci_high", "suppressed", *(columns or ())]))
     with open_ledger(env.ledger_url) as ledger:
         view = series_view if series else published_view
-        rows = view(spark, path, ledger, family).select(*cols).collect()
+        df = view(spark, path, ledger, family)
+        rows = df.select(*[c for c in cols if c in df.columns]).collect()
     return sorted((r.asDict() for r in rows), key=lambda r: (r["key"], r["statistic"]))
 
 

@@ -101,9 +101,32 @@ def spark():
     """One local[2] SparkSession with Delta for the whole test session."""
     from dp_spark.spark import get_or_create_session
 
-    session = get_or_create_session("dp_spark-tests", master="local[2]")
+    # 2g of heap (the default is 1g): the suite's one session runs hundreds of releases, some of
+    # 100k cells; a clean-clone run once saw this JVM shut down midway (its shutdown hook
+    # stopped the context) and every later Spark test fail, as a fatal error in local mode does
+    session = get_or_create_session("dp_spark-tests", master="local[2]", extra_conf={"spark.driver.memory": "2g"})
     yield session
     session.stop()
+
+
+def _active_spark_context():
+    """The JVM-backed SparkContext of this process, if one is running (never starts one)."""
+    pyspark = sys.modules.get("pyspark")
+    return None if pyspark is None else pyspark.SparkContext._active_spark_context
+
+
+@pytest.fixture(autouse=True)
+def _spark_only_in_its_group(request):
+    """A test without the ``spark`` marker must not start a Spark session in this process: on
+    two xdist workers it would be a second session beside the Spark group's (both on two
+    cores, and a clean-clone run stalled so). Use the ``spark`` fixture, or put the file in
+    tests/spark/. Caught where no session ran before the test (always so on the worker
+    without the Spark group)."""
+    before = _active_spark_context()
+    yield
+    if before is None and _active_spark_context() is not None and request.node.get_closest_marker("spark") is None:
+        pytest.fail("this test started a Spark session in the test process without the spark fixture: "
+                    "request `spark` (tests/conftest.py) so that it runs in the Spark group", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -68,13 +68,19 @@ RELEASE_SCHEMA = T.StructType(
         T.StructField("input_version", T.LongType(), False),
         T.StructField("code_version", T.StringType(), False),
         T.StructField("created_at", T.TimestampType(), False),
+        # confidence {simultaneous: true}: the cell's band (all cells of a statistic of the
+        # release inside their bands together with probability >= confidence); null otherwise
+        # and in rows written before the columns existed
+        T.StructField("band_low", T.DoubleType(), True),
+        T.StructField("band_high", T.DoubleType(), True),
     ]
 )
 
 # nullable columns added to RELEASE_SCHEMA after tables were written: name -> type, as in
 # the schema (simpleString) and in SQL (ALTER TABLE ... ADD COLUMNS)
-_ADDED_COLUMNS = {"keys": "map<string,string>", "charge_delta": "double"}
-_ADDED_SQL = {"keys": "MAP<STRING, STRING>", "charge_delta": "DOUBLE"}
+_ADDED_COLUMNS = {"keys": "map<string,string>", "charge_delta": "double", "band_low": "double",
+                  "band_high": "double"}
+_ADDED_SQL = {"keys": "MAP<STRING, STRING>", "charge_delta": "DOUBLE", "band_low": "DOUBLE", "band_high": "DOUBLE"}
 
 
 @dataclass(frozen=True)
@@ -216,7 +222,7 @@ def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
     written into. Creates and changes nothing: ``"absent"`` (no table yet), ``"needs_keys"``
     (a table written before the ``keys`` column existed), ``"needs_columns"`` (a table
     written before some of the nullable columns added since existed: ``keys``,
-    ``charge_delta``) or ``"ok"``."""
+    ``charge_delta``, ``band_low``, ``band_high``) or ``"ok"``."""
     existing = delta_schema(spark, path)
     if existing is None:
         return "absent"
@@ -283,7 +289,7 @@ def cells_arrow_table(rows: list[dict[str, Any]]):
     fields = [f for f in RELEASE_SCHEMA.fields if f.name != "created_at"]
     arrays = []
     for f in fields:
-        col = [r[f.name] for r in rows]
+        col = [r.get(f.name) if f.nullable else r[f.name] for r in rows]
         if isinstance(f.dataType, T.MapType):
             col = [None if m is None else list(m.items()) for m in col]
         arrays.append(pa.array(col, type=_arrow_type(f.dataType)))
@@ -299,7 +305,8 @@ def _cells_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     write inside its Spark job.)"""
     created = {r["created_at"] for r in rows}
     if len(created) != 1:
-        return spark.createDataFrame([tuple(r[f.name] for f in RELEASE_SCHEMA.fields) for r in rows],
+        return spark.createDataFrame([tuple(r.get(f.name) if f.nullable else r[f.name]
+                                            for f in RELEASE_SCHEMA.fields) for r in rows],
                                      RELEASE_SCHEMA).coalesce(1)
     df = spark.createDataFrame(cells_arrow_table(rows)).withColumn(
         "created_at", F.lit(created.pop()).cast(T.TimestampType()))
@@ -359,18 +366,20 @@ def is_concurrent_change(exc: BaseException) -> bool:
     return any(marker in text for marker in _CONCURRENT_MARKERS)
 
 
-_CELL_FIELDS = ("statistic", "key", "value", "ci_low", "ci_high")
+_CELL_FIELDS = ("statistic", "key", "value", "ci_low", "ci_high", "band_low", "band_high")
 
 
 def same_cells(stored: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
     """True when the stored cells publish exactly the numbers of ``rows`` (same statistics,
-    keys, values and intervals). Then showing ``rows`` shows nothing that is not published;
+    keys, values, intervals and bands). Then showing ``rows`` shows nothing that is not published;
     otherwise another writer's draw is the release and ``rows`` must never be shown."""
-    def same(x):  # a suppressed cell's NaN equals NaN here
+    def same(x):  # a suppressed cell's NaN equals NaN here; no band is None
+        if x is None:
+            return ("none",)
         return ("nan",) if isinstance(x, float) and math.isnan(x) else ("v", x)
 
     def cells(rs):
-        return sorted(tuple(same(r[f]) for f in _CELL_FIELDS) for r in rs)
+        return sorted(tuple(same(r.get(f)) for f in _CELL_FIELDS) for r in rs)  # no band: None
 
     return len(stored) == len(rows) and cells(stored) == cells(rows)
 

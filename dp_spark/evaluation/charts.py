@@ -26,6 +26,9 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dp_spark.evaluation.chart_data import (USELESS_RELATIVE_ERROR, ZOOM_MARGIN, SeriesChart, series_chart_data,
+                                            zoom_range)
+
 __all__ = [
     "release_caption",
     "key_range",
@@ -37,12 +40,13 @@ __all__ = [
     "explorer_chart",
     "epsilon_at_delta",
     "USELESS_RELATIVE_ERROR",
+    "ZOOM_MARGIN",
+    "build_series_figure",
+    "series_html",
+    "series_chart",
 ]
 
 _CAPTION_WRAP = 110
-#: A relative error (interval half-width, or expected error, over the value) at or above this
-#: says nothing about the value: the interval is at least as wide as the value itself.
-USELESS_RELATIVE_ERROR = 1.0
 
 
 def _select(rows: Iterable[Mapping[str, Any]], statistic: str) -> list[Mapping[str, Any]]:
@@ -173,25 +177,14 @@ def build_dau_figure(rows: Sequence[Mapping[str, Any]], caption: str = "", *,
     return fig
 
 
-#: room around the data and its intervals, as a share of their span, when an axis is zoomed
-ZOOM_MARGIN = 0.12
-
-
 def _zoom_to(ax, low: Sequence[float], high: Sequence[float]) -> float:
-    """Zoom the y axis to the data and its intervals (``low``..``high``) with a margin, so that
-    the trend and its band fill the chart; never below 0 for data that is not. Returns the
-    bottom of the axis."""
-    finite_lo = [v for v in low if math.isfinite(v)]
-    finite_hi = [v for v in high if math.isfinite(v)]
-    if not finite_lo or not finite_hi:
+    """Zoom the y axis to the data and its intervals (:func:`~dp_spark.evaluation.chart_data.zoom_range`).
+    Returns the bottom of the axis."""
+    rng = zoom_range(low, high)
+    if rng is None:
         return 0.0
-    lo, hi = min(finite_lo), max(finite_hi)
-    span = hi - lo if hi > lo else max(abs(hi) * 0.05, 1.0)
-    bottom, top = lo - ZOOM_MARGIN * span, hi + ZOOM_MARGIN * span
-    if lo >= 0:
-        bottom = max(bottom, 0.0)
-    ax.set_ylim(bottom, top)
-    return bottom
+    ax.set_ylim(*rng)
+    return rng[0]
 
 
 def dau_trend_chart(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, caption: str = "",
@@ -513,3 +506,153 @@ def explorer_chart(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, c
                    **kwargs: Any) -> str:
     """Write the explorer PNG to ``path``; returns the path."""
     return _save(build_explorer_figure(rows, caption, **kwargs), path)
+
+
+# --------------------------------------------------------------------------------------
+# A family's series: values, pointwise intervals, simultaneous bands, significant changes
+# --------------------------------------------------------------------------------------
+def _xs(chart: SeriesChart) -> tuple[list[Any], bool]:
+    from datetime import date
+
+    try:
+        return [date.fromisoformat(p.key) for p in chart.points], True
+    except ValueError:
+        return [p.key for p in chart.points], False
+
+
+def _series_caption(chart: SeriesChart, rows: Sequence[Mapping[str, Any]]) -> str:
+    parts = [release_caption(rows, statistic=chart.statistic)]
+    if chart.simultaneous:
+        parts.append(f"band: all {len(chart.points)} points inside together with probability >= "
+                     f"{chart.confidence:.0%} (Sidak)" if chart.releases == 1 else
+                     f"bands: each release's points together at {chart.confidence:.0%}")
+    parts.append({"exact": "changes: exact law of each difference, Bonferroni over the changes",
+                  "bands": "changes: non-overlapping bands",
+                  "none": "changes: not tested"}[chart.change_method])
+    if chart.suppressed:
+        parts.append(f"{chart.suppressed} suppressed cells not drawn")
+    return "; ".join(p for p in parts if p) + "".join(f". {n}" for n in chart.notes)
+
+
+def build_series_figure(charts: Sequence[SeriesChart], rows: Sequence[Mapping[str, Any]] = (), *,
+                        title: Optional[str] = None) -> Figure:
+    """One panel per statistic: the DP estimate (line), its pointwise interval (dark shade), the
+    simultaneous band (light shade, when published), the changes significant over the whole
+    chart (triangles up / down at the later point) and the points whose interval is wider than
+    the value (grey crosses). The y axis is zoomed to the data (:func:`zoom_range`)."""
+    if not charts or not any(c.points for c in charts):
+        raise ValueError("no published point to chart")
+    charts = [c for c in charts if c.points]
+    fig = _new_figure(10, 3.6 * len(charts) + 0.8)
+    for i, chart in enumerate(charts):
+        ax = fig.add_subplot(len(charts), 1, i + 1)
+        xs, is_date = _xs(chart)
+        words = chart.legend()
+        ys = [p.value for p in chart.points]
+        if chart.simultaneous:
+            ax.fill_between(xs, [float(p.band_low or 0.0) for p in chart.points],
+                            [float(p.band_high or 0.0) for p in chart.points],
+                            alpha=0.15, color="tab:blue", linewidth=0, label=words["band"])
+        ax.fill_between(xs, [p.ci_low for p in chart.points], [p.ci_high for p in chart.points],
+                        alpha=0.35, color="tab:blue", linewidth=0, label=words["interval"])
+        ax.plot(xs, ys, marker="o", markersize=3, color="tab:blue", label=words["value"])
+        at = {p.key: (x, p.value) for x, p in zip(xs, chart.points)}
+        for sign, marker, colour in ((1, "^", "tab:green"), (-1, "v", "tab:red")):
+            hits = [at[c.key] for c in chart.significant if (c.change > 0) == (sign > 0)]
+            if hits:
+                ax.scatter([h[0] for h in hits], [h[1] for h in hits], marker=marker, s=60, color=colour, zorder=5,
+                           label=words["up" if sign > 0 else "down"])
+        wide = [at[p.key] for p in chart.wide]
+        if wide:
+            ax.scatter([w[0] for w in wide], [w[1] for w in wide], marker="x", s=50, color="0.4", zorder=6,
+                       label=words["wide"])
+        rng = chart.y_range()
+        if rng is not None:
+            ax.set_ylim(*rng)
+            if rng[0] > 0:
+                ax.text(0.99, 0.02, f"y axis starts at {rng[0]:,.4g}, not 0", transform=ax.transAxes,
+                        ha="right", va="bottom", fontsize=7, color="0.35")
+        ax.set_title(chart.statistic if title is None else f"{title}: {chart.statistic}", fontsize=10)
+        ax.set_xlabel("date (UTC)" if is_date else "key")
+        ax.set_ylabel(chart.statistic)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize=7)
+        if is_date:
+            ax.tick_params(axis="x", labelrotation=30)
+        cap = _series_caption(chart, rows)
+        if cap:
+            ax.text(0.0, -0.32, _wrap(cap), transform=ax.transAxes, fontsize=7, va="top", color="0.25")
+    return fig
+
+
+def series_html(charts: Sequence[SeriesChart], path: str | os.PathLike, rows: Sequence[Mapping[str, Any]] = (),
+                *, title: Optional[str] = None) -> str:
+    """The same chart as :func:`build_series_figure`, interactive (plotly: hover shows each
+    point's value, interval and band), as one self-contained HTML file (plotly.js inlined: it
+    opens without a network). Needs the ``charts`` extra (``pip install 'dp_spark[charts]'``)."""
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except ImportError:
+        raise ImportError("an HTML chart needs plotly: pip install 'dp_spark[charts]'") from None
+    charts = [c for c in charts if c.points]
+    if not charts:
+        raise ValueError("no published point to chart")
+    fig = make_subplots(rows=len(charts), cols=1, subplot_titles=[c.statistic for c in charts],
+                        vertical_spacing=0.12 if len(charts) > 1 else 0.0)
+    for i, chart in enumerate(charts, start=1):
+        words = chart.legend()
+        xs = [p.key for p in chart.points]
+        show = i == 1
+
+        def shade(lo, hi, name, opacity, group, row=i, xs=xs, show=show):
+            fig.add_trace(go.Scatter(x=xs, y=hi, mode="lines", line={"width": 0}, hoverinfo="skip",
+                                     legendgroup=group, showlegend=False), row=row, col=1)
+            fig.add_trace(go.Scatter(x=xs, y=lo, mode="lines", line={"width": 0}, fill="tonexty",
+                                     fillcolor=f"rgba(31,119,180,{opacity})", name=name, legendgroup=group,
+                                     showlegend=show, hoverinfo="skip"), row=row, col=1)
+
+        if chart.simultaneous:
+            shade([p.band_low for p in chart.points], [p.band_high for p in chart.points], words["band"], 0.15, "band")
+        shade([p.ci_low for p in chart.points], [p.ci_high for p in chart.points], words["interval"], 0.35, "ci")
+        hover = [f"{p.key}: {p.value:.6g} [{p.ci_low:.6g}, {p.ci_high:.6g}]"
+                 + (f" band [{p.band_low:.6g}, {p.band_high:.6g}]" if p.band_low is not None else "")
+                 for p in chart.points]
+        fig.add_trace(go.Scatter(x=xs, y=[p.value for p in chart.points], mode="lines+markers", name=words["value"],
+                                 line={"color": "rgb(31,119,180)"}, text=hover, hoverinfo="text",
+                                 legendgroup="value", showlegend=show), row=i, col=1)
+        at = {p.key: p.value for p in chart.points}
+        for up, symbol, colour in ((True, "triangle-up", "green"), (False, "triangle-down", "red")):
+            hits = [c for c in chart.significant if (c.change > 0) == up]
+            fig.add_trace(go.Scatter(x=[c.key for c in hits], y=[at[c.key] for c in hits], mode="markers",
+                                     marker={"symbol": symbol, "size": 12, "color": colour},
+                                     name=words["up" if up else "down"], legendgroup="up" if up else "down",
+                                     text=[f"change {c.change:.6g} [{c.low:.6g}, {c.high:.6g}]" for c in hits],
+                                     hoverinfo="text", showlegend=show), row=i, col=1)
+        fig.add_trace(go.Scatter(x=[p.key for p in chart.wide], y=[p.value for p in chart.wide], mode="markers",
+                                 marker={"symbol": "x", "size": 10, "color": "grey"}, name=words["wide"],
+                                 legendgroup="wide", showlegend=show, hoverinfo="skip"), row=i, col=1)
+        rng = chart.y_range()
+        if rng is not None:
+            fig.update_yaxes(range=list(rng), row=i, col=1)
+        fig.update_yaxes(title_text=chart.statistic, row=i, col=1)
+    captions = "<br>".join(f"{c.statistic}: {_series_caption(c, rows)}" for c in charts)
+    fig.update_layout(title=title or "dp-spark series", height=380 * len(charts) + 160,
+                      margin={"b": 60 + 40 * len(charts)}, hovermode="closest")
+    fig.add_annotation(text=captions, xref="paper", yref="paper", x=0, y=-0.12 / len(charts), showarrow=False,
+                       align="left", font={"size": 10}, xanchor="left", yanchor="top")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(str(p), include_plotlyjs=True, full_html=True)
+    return str(p)
+
+
+def series_chart(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, title: Optional[str] = None,
+                 statistics: Optional[Sequence[str]] = None) -> str:
+    """Write the series chart of ``rows`` (published rows: one per key and statistic) to
+    ``path``: a PNG (matplotlib) or, for a path ending in ``.html``, the interactive HTML
+    (plotly). Returns the path."""
+    charts = series_chart_data(rows, statistics=statistics)
+    if str(path).lower().endswith((".html", ".htm")):
+        return series_html(charts, path, rows, title=title)
+    return _save(build_series_figure(charts, rows, title=title), path)

@@ -62,7 +62,10 @@ __all__ = [
     "noise_by_key",
     "unbounded_truth",
     "trend_differences",
+    "change_halfwidth",
+    "single_noise_cell",
     "discrete_laplace_difference_halfwidth",
+    "discrete_gaussian_difference_halfwidth",
 ]
 
 DEFAULT_BUCKETS: tuple[float, ...] = (0, 10, 100, 1_000, 10_000, math.inf)
@@ -561,44 +564,126 @@ def _laplace_scale_of(row: Mapping[str, Any]) -> float:
     return math.nextafter(-1.0 / math.log(a), math.inf)
 
 
+def discrete_gaussian_difference_halfwidth(sigma_a: float, sigma_b: float, alpha: float) -> int:
+    """The smallest integer h >= 0 with P(|X1 - X2| <= h) >= 1 - alpha, X1, X2 independent
+    discrete Gaussians with sigmas ``sigma_a``, ``sigma_b`` (grid units).
+
+    The exact law: the pmf of X1 - X2 is the convolution of the two pmfs
+    (:func:`~dp_spark.mechanisms.accuracy.discrete_gaussian_pmf`, each cut at a tail mass of
+    1e-16, the mass cut counted as exceedance, plus 1e-12 for the FFT's rounding: h is exact
+    or one grid step above). When the convolution would exceed 2^22 points (sigma above about
+    125,000 grid units) a conservative bound instead: each noise within its exact
+    (1 - alpha') half-width with alpha' = 1 - sqrt(1 - alpha) (both with probability
+    (1 - alpha')^2 = 1 - alpha), h = h_a + h_b (at most about 1.5 times the exact h)."""
+    from dp_spark.mechanisms import accuracy
+
+    a = float(alpha)
+    if not (0 < a < 1):
+        raise ConfigError("alpha must be in (0, 1)")
+    cut = 1e-16
+    ka = accuracy.noise_halfwidth(accuracy.DISCRETE_GAUSSIAN, sigma_a, cut)
+    kb = accuracy.noise_halfwidth(accuracy.DISCRETE_GAUSSIAN, sigma_b, cut)
+    if 2 * (ka + kb) + 1 > 2**22:
+        each = -math.expm1(0.5 * math.log1p(-a))
+        return (accuracy.noise_halfwidth(accuracy.DISCRETE_GAUSSIAN, sigma_a, each)
+                + accuracy.noise_halfwidth(accuracy.DISCRETE_GAUSSIAN, sigma_b, each))
+    pa = accuracy.discrete_gaussian_pmf(sigma_a, np.arange(-ka, ka + 1))
+    pb = accuracy.discrete_gaussian_pmf(sigma_b, np.arange(-kb, kb + 1))
+    if len(pa) * len(pb) <= 2**22:
+        d = np.convolve(pa, pb)
+    else:
+        from scipy.signal import fftconvolve
+
+        d = np.maximum(fftconvolve(pa, pb), 0.0)
+    centre = ka + kb  # d[centre + k] = P(D = k), D = X1 + (-X2) by symmetry
+    inside = np.cumsum(np.concatenate(([d[centre]], d[centre + 1:] + d[centre - 1::-1])))  # P(|D| <= h)
+    slack = 4 * cut + 1e-12
+    ok = np.nonzero(1.0 - inside + slack <= a)[0]
+    if not ok.size:  # the level needs more than the cut pmf holds: the conservative bound
+        each = -math.expm1(0.5 * math.log1p(-a))
+        return (accuracy.noise_halfwidth(accuracy.DISCRETE_GAUSSIAN, sigma_a, each)
+                + accuracy.noise_halfwidth(accuracy.DISCRETE_GAUSSIAN, sigma_b, each))
+    return int(ok[0])
+
+
+def single_noise_cell(row: Mapping[str, Any]) -> bool:
+    """Whether a published cell's noise is ONE draw of its mechanism at its ``noise_scale``
+    (a count, a distinct count, a sum): its ``noise_stddev`` is that noise's exact sd. A mean,
+    a variance or a quantile combines several noises (its sd differs), and a merged or
+    suppressed cell has no finite scale."""
+    from dp_spark.mechanisms import accuracy
+
+    try:
+        grid, scale, sd = float(row.get("grid") or 0), float(row["noise_scale"]), float(row["noise_stddev"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if row.get("mechanism") not in (accuracy.DISCRETE_LAPLACE, accuracy.DISCRETE_GAUSSIAN):
+        return False
+    if not (grid > 0 and math.isfinite(scale) and scale > 0 and math.isfinite(sd) and sd > 0):
+        return False
+    own = accuracy.noise_stddev(row["mechanism"], scale / grid) * grid
+    return abs(own - sd) <= 1e-6 * sd
+
+
+def change_halfwidth(prev: Mapping[str, Any], cur: Mapping[str, Any], alpha: float) -> float:
+    """h (real units) with P(|noise_cur - noise_prev| > h) <= ``alpha`` for two published cells
+    with independent noises (:func:`trend_differences`)."""
+    if cur.get("mechanism") == "discrete_laplace":
+        # equal scales in one release; if they differ the larger one is conservative
+        grid = float(cur.get("grid") or 1.0)
+        if grid == float(prev.get("grid") or 1.0):
+            t = max(_laplace_scale_of(cur), _laplace_scale_of(prev))
+            return discrete_laplace_difference_halfwidth(t, alpha) * grid
+        # no common lattice: the continuous law
+        b = max(float(cur["noise_stddev"]), float(prev["noise_stddev"])) / math.sqrt(2)
+        return _laplace_diff_halfwidth(b, alpha)
+    grid = float(cur.get("grid") or 1.0)
+    if (cur.get("mechanism") == "discrete_gaussian" and grid == float(prev.get("grid") or 1.0)
+            and single_noise_cell(cur) and single_noise_cell(prev)):
+        return discrete_gaussian_difference_halfwidth(float(cur["noise_scale"]) / grid,
+                                                      float(prev["noise_scale"]) / grid, alpha) * grid
+    sd = math.hypot(float(cur["noise_stddev"]), float(prev["noise_stddev"]))
+    return NormalDist().inv_cdf(1 - alpha / 2) * sd
+
+
 def trend_differences(rows: Iterable[Mapping[str, Any]], *, statistic: str = "distinct_units",
-                      confidence: Optional[float] = None) -> list[dict[str, Any]]:
+                      confidence: Optional[float] = None, simultaneous: bool = False) -> list[dict[str, Any]]:
     """Day-over-day changes of a published trend, with intervals.
 
     Post-processing of published rows only (no truth, no new noise, no charge). Consecutive
     keys (sorted) t-1, t: change = value_t - value_{t-1}. The two cells' noises are
-    independent draws, so the change's noise has sd = sqrt(sd_t^2 + sd_{t-1}^2); the interval
-    is change +- h with h from the difference's own distribution: the normal quantile for the
-    discrete Gaussian (the sum of two discrete Gaussians is very close to normal once sd >= 1),
-    the EXACT law of the difference of two discrete Laplace draws for the discrete Laplace
-    (:func:`discrete_laplace_difference_halfwidth`: the smallest h on the grid with
-    P(|X1 - X2| <= h) >= confidence, from the closed-form pmf of the convolution; the
-    continuous formula it replaces, (1 + h/2b) e^{-h/b} = alpha, under-covered at small scales,
-    7.9% misses at scale 0.5 for a nominal 5%). Cells of one release share a scale; if two
-    differ, the larger is used for both (conservative: the law of a difference of symmetric
-    unimodal noises spreads out as either scale grows). The interval covers the change of the
-    *bounded* truth, like the cells' own. The non-negativity post-processing of counts is
-    ignored (it matters only near 0).
+    independent draws, so the change's noise is the sum of two independent noises (sd =
+    sqrt(sd_t^2 + sd_{t-1}^2)); the interval is change +- h with h from the difference's own
+    law (:func:`change_halfwidth`): for the discrete Laplace the EXACT law of the difference of
+    two discrete Laplace draws (:func:`discrete_laplace_difference_halfwidth`: the smallest h
+    on the grid with P(|X1 - X2| <= h) >= confidence, from the closed-form pmf of the
+    convolution; the continuous formula it replaces, (1 + h/2b) e^{-h/b} = alpha,
+    under-covered at small scales, 7.9% misses at scale 0.5 for a nominal 5%); for the
+    discrete Gaussian the exact law too (:func:`discrete_gaussian_difference_halfwidth`, a
+    numerical convolution of the two pmfs) when both cells are one noise each (a count, a
+    distinct count, a sum: :func:`single_noise_cell`), else the normal quantile of the summed
+    sd. Cells of one release share a scale; if two Laplace cells differ, the larger is used
+    for both (conservative: the law of a difference of symmetric unimodal noises spreads out
+    as either scale grows). The interval covers the change of the *bounded* truth, like the
+    cells' own. The non-negativity post-processing of counts is ignored (it matters only near 0).
+
+    ``simultaneous``: intervals for all the changes at once, the family-wise level
+    ``confidence``: each change's interval at 1 - alpha/(m - 1) for m - 1 changes
+    (Bonferroni: consecutive changes share a cell, so they are not independent and Sidak's
+    product is not guaranteed for non-Gaussian noise; the union bound holds under any
+    dependence and its per-change level differs from Sidak's by under 3%: 8.47e-4 against
+    8.69e-4 for 59 changes at 95%).
     """
     cells = sorted((r for r in rows if r.get("statistic") == statistic), key=lambda r: str(r["key"]))
+    pairs = list(zip(cells[:-1], cells[1:]))
     out: list[dict[str, Any]] = []
-    for prev, cur in zip(cells[:-1], cells[1:]):
+    for prev, cur in pairs:
         conf = float(confidence if confidence is not None else cur.get("confidence", 0.95))
-        alpha = 1 - conf
+        alpha = (1 - conf) / len(pairs) if simultaneous else 1 - conf
+        h = change_halfwidth(prev, cur, alpha)
         sd = math.hypot(float(cur["noise_stddev"]), float(prev["noise_stddev"]))
-        if cur.get("mechanism") == "discrete_laplace":
-            # equal scales in one release; if they differ the larger one is conservative
-            grid = float(cur.get("grid") or 1.0)
-            if grid == float(prev.get("grid") or 1.0):
-                t = max(_laplace_scale_of(cur), _laplace_scale_of(prev))
-                h = discrete_laplace_difference_halfwidth(t, alpha) * grid
-            else:  # no common lattice: the continuous law
-                b = max(float(cur["noise_stddev"]), float(prev["noise_stddev"])) / math.sqrt(2)
-                h = _laplace_diff_halfwidth(b, alpha)
-        else:
-            h = NormalDist().inv_cdf(1 - alpha / 2) * sd
         change = float(cur["value"]) - float(prev["value"])
         out.append({"statistic": f"{statistic}_change", "key": str(cur["key"]), "previous_key": str(prev["key"]),
                     "value": change, "ci_low": change - h, "ci_high": change + h, "noise_stddev": sd,
-                    "confidence": conf, "mechanism": cur.get("mechanism")})
+                    "confidence": conf, "mechanism": cur.get("mechanism"), "simultaneous": simultaneous})
     return out

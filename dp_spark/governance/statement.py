@@ -262,6 +262,7 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         "budget_id": spec.budget_id,
         "charge_per_release": spec.charge.to_json(),
         "confidence": str(spec.confidence),
+        "simultaneous_bands": bool(getattr(spec, "simultaneous", False)),
         "columns_read": list(spec.columns),
         "max_cells": spec.max_cells,
         # a spec file's key table is read at publication: its cells are the release's
@@ -600,6 +601,35 @@ def _st(d: Optional[Mapping[str, Any]]) -> str:
     return f"epsilon={float(d['epsilon']):.4g}, delta={float(d['delta']):.3g}"
 
 
+def intervals_paragraph(queries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The statement's section on what an interval promises over a whole chart (multiplicity),
+    and the simultaneous bands of the queries that publish them: Markdown lines."""
+    levels = sorted({float(Fraction(q["confidence"])) for q in queries}) or [0.95]
+    c = levels[-1]
+    misses = (1 - c) * 60
+    out = ["## Intervals over a whole chart", "",
+           f"Each published value comes with a {c:.0%} interval: that one value's interval contains the true "
+           f"value with probability {c:.0%}. Over a chart of 60 such values, about {misses:.3g} intervals are "
+           "expected to miss by design, and nobody can tell which; the chance that every one of the 60 holds is "
+           f"only about {c ** 60:.0%} (for independent noises). A *simultaneous band* promises more: all values of "
+           f"the release are inside their bands together with probability {c:.0%}, so a chart read as a whole is "
+           "covered; the price is a wider band per value.", ""]
+    banded = [q for q in queries if q.get("simultaneous_bands")]
+    for q in banded:
+        level = float(Fraction(q["confidence"]))
+        out.append(f"- `{q['name']}` publishes a simultaneous band with every value (columns `band_low`, "
+                   f"`band_high`): for each statistic of a release with m values, each band is that value's "
+                   f"interval at the level {level:g}^(1/m) (Sidak), so all m are covered together with "
+                   f"probability {level:.0%}: exact when each interval is exact for its noise, since the noises "
+                   "of distinct values are independent (and at least that for the kinds whose intervals are "
+                   "conservative bounds).")
+    if not banded:
+        out.append("No query of this family publishes simultaneous bands (`confidence: {level: ..., "
+                   "simultaneous: true}` in its spec).")
+    out.append("")
+    return out
+
+
 def statement_markdown(d: Mapping[str, Any]) -> str:
     """Render a statement dict as Markdown (everything in it comes from the dict)."""
     L: list[str] = []
@@ -667,6 +697,8 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
                 f"alone creates is published with probability at most delta = {sel['delta']:.3g}. "
                 "Unselected keys leave no trace.")
             add("")
+    for line in intervals_paragraph(d["queries"]):
+        add(line)
     add("## Mechanisms")
     add("")
     for m in d["mechanisms"]:

@@ -28,8 +28,8 @@ from datetime import date, datetime, timedelta, timezone
 from fractions import Fraction
 from typing import Any, Literal, Mapping, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError, ValidationInfo,
+                      create_model, field_validator, model_validator)
 from typing_extensions import Annotated
 
 from dp_spark.core.budget import Budget, ZCDP, parse_budget
@@ -40,7 +40,8 @@ from dp_spark.spec.legacy import legacy_statistics
 from dp_spark.spec.errors import did_you_mean, model_errors, raise_errors
 from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, KeyTable, MeanOptions, PrivateKeys,
                                    PublicKeys, ReleaseSpec, TableKeys, ValueSpec, bucketed, grid_align)
-from dp_spark.core.fields import (RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText, Identifier, KeyValue,
+from dp_spark.core.fields import (NUMBER_STRING_PATTERN, RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText,
+                                 Identifier, KeyValue,
                                  Number, PositiveInt, PositiveNumber, SpecModel, fail, fail_at, int_type,
                                  number_type)
 from dp_spark.spec.where import check_where
@@ -387,6 +388,22 @@ def _statistic_spec(entry: BaseModel) -> StatisticSpec:
 # ----------------------------------------------------------------------------------------
 # The two forms
 # ----------------------------------------------------------------------------------------
+_LEVEL = number_type(ge=0.5, lt=1, what="in [0.5, 1)")
+_LEVEL_ADAPTER: TypeAdapter = TypeAdapter(_LEVEL)
+
+
+class ConfidenceModel(SpecModel):
+    """``confidence``: the level of the published intervals, and whether each cell also gets a
+    simultaneous band (a number stands for ``{level: N}``, pointwise only)."""
+
+    level: _LEVEL = Field(  # type: ignore[valid-type]
+        "0.95", validate_default=True, description="level of the published intervals")
+    simultaneous: StrictBool = Field(
+        False, description="also publish a band per cell (band_low, band_high) such that all cells of a "
+                           "statistic of the release are inside their bands together with probability >= level "
+                           "(Sidak: each band at level^(1/m) for m cells, exact for independent noises)")
+
+
 def _schema_any_of(*alternatives: dict):
     """json_schema_extra: the field also takes a shorter form (converted before validation)."""
 
@@ -417,8 +434,10 @@ class _SpecBase(SpecModel):
                                        "event (only with an event unit)")
     bounds: BoundsModel = Field(description="the contribution bounds the engine enforces")
     budget: BudgetModel = Field(description="the charge of one release against the named budget policy")
-    confidence: number_type(ge=0.5, lt=1, what="in [0.5, 1)") = Field(  # type: ignore[valid-type]
-        "0.95", validate_default=True, description="level of the published intervals")
+    confidence: ConfidenceModel = Field(
+        "0.95", validate_default=True, description="level of the published intervals (a number), or {level, simultaneous}",
+        json_schema_extra=_schema_any_of({"anyOf": [{"type": "number", "minimum": 0.5, "exclusiveMaximum": 1},
+                                                    {"type": "string", "pattern": NUMBER_STRING_PATTERN}]}))
     on_exhausted: OnExhaustedModel = Field(
         "reject", validate_default=True, description="what happens when the budget cannot pay",
         json_schema_extra=_schema_any_of({"enum": ["reject", "return_existing"]}))
@@ -439,6 +458,17 @@ class _SpecBase(SpecModel):
     @classmethod
     def _threshold(cls, v: Any) -> Any:
         return {"threshold": v} if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _level(cls, v: Any) -> Any:
+        if isinstance(v, (ConfidenceModel, Mapping)):
+            return v
+        try:  # the number form: its errors are the field's own (path 'confidence', no value)
+            _LEVEL_ADAPTER.validate_python(v)
+        except ValidationError as exc:
+            raise fail(str(exc.errors()[0]["msg"])) from None
+        return {"level": v}
 
     @field_validator("on_exhausted", mode="before")
     @classmethod
@@ -610,7 +640,7 @@ class _SpecBase(SpecModel):
             unit=unit, neighbouring=neighbouring, metric=metric,
             group_by=(key_sets[0] if len(key_sets) == 1 and isinstance(key_sets[0], PublicKeys) else None),
             value=value, bounds=bounds, budget_id=self.budget.id, charge=charge, mean=mean,
-            confidence=self.confidence,
+            confidence=self.confidence.level, simultaneous=self.confidence.simultaneous,
             on_exhausted=ExhaustionPolicy(policy=self.on_exhausted.policy, fallback=self.on_exhausted.fallback),
             columns=columns, max_cells=self.max_cells, min_group_size=min_group, source=source,
             statistics=statistics, key_sets=key_sets, where=where)
@@ -631,6 +661,10 @@ class _SpecBase(SpecModel):
         public = {v for k in key_sets if isinstance(k, PublicKeys) for v in k.values}
         if rule.other_key in public:
             err(("min_group_size", "other_key"), "clashes with a declared public key")
+        if rule.strategy == "merge_other" and self.confidence.simultaneous:
+            err(("confidence", "simultaneous"), "simultaneous bands do not cover a merged cell (its noise sums the "
+                                                "noises of keys chosen by their noisy counts): use min_group_size "
+                                                "with strategy 'suppress'")
         if metric is not None:
             return rule
         if not any(s.kind in ("count", "distinct_units") for s in statistics):

@@ -192,6 +192,9 @@ class ReleaseSpec:
     #: the bounds as written, when reading a key table capped L0 at its cells
     #: (:meth:`with_table_keys`): the canonical form, and so the spec version, keep them
     declared_bounds: Optional[ContributionBounds] = None
+    # confidence: {simultaneous: true}: each cell also gets a band, all of a statistic's cells
+    # inside their bands together with probability >= confidence (QueryPlan.noise)
+    simultaneous: bool = False
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
@@ -216,6 +219,8 @@ class ReleaseSpec:
                 "confidence": str(self.confidence),
                 "columns": list(self.columns),
                 **({} if self.min_group_size is None else {"min_group_size": self.min_group_size.to_json()}),
+                # only when set: specs without simultaneous bands keep their release ids
+                **({"simultaneous": True} if self.simultaneous else {}),
             }
         return {
             "name": self.name,
@@ -249,6 +254,7 @@ class ReleaseSpec:
             "columns": list(self.columns),
             "min_group_size": None if self.min_group_size is None else self.min_group_size.to_json(),
             **({} if self.where is None else {"where": self.where}),
+            **({"simultaneous": True} if self.simultaneous else {}),
         }
 
     def version(self) -> str:

@@ -47,6 +47,7 @@ from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.core.events import ComposedEvent
 from dp_spark.statistics.base import kind_of
+from dp_spark.statistics.noise import joint_alpha
 
 _QUANTUM = 10**6
 #: noise is drawn on the driver: a bound on the draws of one release (key tuples x entries)
@@ -246,6 +247,11 @@ class QueryPlan:
                 values, w = fractions(comp), comp.width
                 components[comp] = {keys[i]: (values[i] if w == 1 else values[i * w:(i + 1) * w])
                                     for i in range(n)}
+        # confidence {simultaneous: true}: every cell also gets a band, the same interval
+        # construction at the Sidak level 1 - (1 - alpha)^(1/n) for the statistic's n cells: their
+        # noises are independent, so all n are inside their bands with probability >= 1 - alpha
+        # (exactly 1 - alpha for intervals that are exact for the noise)
+        band_alpha = Fraction(joint_alpha(alpha, n)) if spec.simultaneous and n else None
         cells: list[dict[str, Any]] = []
         for stat, comps in zip(spec.statistics, self.stat_components):
             kind = kind_of(stat.kind)
@@ -256,11 +262,20 @@ class QueryPlan:
                 for i, values in enumerate(tuples):
                     cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)),
                                   "value": value[i], "ci_low": lo[i], "ci_high": hi[i], **cols})
+                if band_alpha is not None:
+                    band = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, band_alpha)
+                    if band is None:  # the same grids as the intervals': a vectorised form for both
+                        raise DpSparkError("internal: no vectorised band where there is a vectorised interval")
+                    for cell, b_lo, b_hi in zip(cells[-n:], band["ci_low"].tolist(), band["ci_high"].tolist()):
+                        cell["band_low"], cell["band_high"] = b_lo, b_hi
                 continue
             noisy = {c: fractions(c) for c in comps}
             for i, values in enumerate(tuples):
                 mine = {c: (noisy[c][i] if c.width == 1 else noisy[c][i * c.width:(i + 1) * c.width]) for c in comps}
                 out = kind.finish(stat, mine, plans, alpha)
+                if band_alpha is not None:  # without bands the cells hold no band fields (null in the table)
+                    band = kind.finish(stat, mine, plans, band_alpha)
+                    out["band_low"], out["band_high"] = band["ci_low"], band["ci_high"]
                 cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)), **out})
         return cells
 

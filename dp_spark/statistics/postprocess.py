@@ -169,6 +169,8 @@ DATA_DEPENDENT_FIELDS = ("noise_stddev", "expected_abs_error")
 def _suppressed(cell: Mapping[str, Any], kind: Optional[str] = None) -> dict[str, Any]:
     out = dict(cell)
     out.update(value=_NAN, ci_low=_NAN, ci_high=_NAN, suppressed=True)
+    if out.get("band_low") is not None:  # a band is centred on the withheld value: withheld too
+        out.update(band_low=_NAN, band_high=_NAN)
     if (kind or cell.get("statistic")) not in PUBLIC_ACCURACY_KINDS:
         out.update({f: _NAN for f in DATA_DEPENDENT_FIELDS if f in out})
     return out
@@ -185,6 +187,8 @@ def _merge_additive(group: Sequence[Mapping[str, Any]], key: str, alpha: float, 
     out = dict(group[0])
     out.update(key=key, value=value, ci_low=lo, ci_high=hi, noise_scale=_NAN, noise_stddev=sd,
                expected_abs_error=sd, suppressed=False, merged_keys=tuple(keys))
+    if "band_low" in out:  # no band for a merged cell (the spec refuses merge_other with bands)
+        out.update(band_low=None, band_high=None)
     return out
 
 
@@ -217,6 +221,8 @@ def _merge_mean(means: Sequence[Mapping[str, Any]], counts: Sequence[Mapping[str
     out.update(key=key, value=float(m), ci_low=float(lo), ci_high=float(hi), noise_scale=_NAN,
                noise_stddev=sd_sum / max(float(ncount), float(min_count)),
                expected_abs_error=(float(hi) - float(lo)) / 2, suppressed=False, merged_keys=tuple(keys))
+    if "band_low" in out:  # no band for a merged cell (the spec refuses merge_other with bands)
+        out.update(band_low=None, band_high=None)
     return out
 
 
