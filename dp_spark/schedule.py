@@ -13,10 +13,23 @@ What this module adds on top of the engine is the *schedule's* view of a day::
       -> the ledger knows that id?            -> engine.publish (cache hit / heal / resume)
       -> the family table has a release of this
          day spec (same spec version, mode) for
-         another snapshot?                    -> REPORTED as "snapshot_changed" (or
-                                                 "code_changed"); republished only with
-                                                 republish=True (a new charge)
-      -> otherwise                            -> engine.publish (a new release, one charge)
+         another snapshot?  the day's input fingerprint now == the one recorded with it?
+           yes (same code)                    -> "unchanged": served by that release, nothing
+                                                 charged, no new noise
+           no                                 -> REPORTED as "input_changed"; republished only
+                                                 with republish=True (a new charge)
+           none recorded (an older release)   -> REPORTED as "snapshot_changed", as before
+           same snapshot, other code version  -> REPORTED as "code_changed"
+      -> otherwise                            -> engine.publish (a new release, one charge),
+                                                 then its input fingerprint is recorded
+
+The input fingerprint of a day (:mod:`dp_spark.core.fingerprint`, computed by
+:mod:`dp_spark.backends.fingerprint` in one aggregation, for every day of a backfill at once)
+is an order-independent, salt-keyed hash of the rows whose date key reaches the day's cells,
+restricted to the columns the spec reads (:func:`fingerprint_columns`): an append of other
+days, a rewrite of the same rows in another order or partitioning, or a column the spec does
+not read leave it unchanged. It lives in the ledger (``dp_fingerprints``) and is compared,
+never logged, printed, audited or written to a Delta table.
 
 Every :class:`DayResult` carries the budget's window (cap, spent, remaining, window bounds)
 after the day, so a scheduled job's log shows what is left. Nothing here reads or logs a data
@@ -34,7 +47,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from dp_spark.core.budget import Budget
 from dp_spark.config import ReleaseSpec
@@ -49,20 +62,25 @@ __all__ = [
     "runs_per_window",
     "BudgetWindow",
     "DayResult",
+    "InputFingerprints",
     "PriorRelease",
     "backfill",
     "daily_refresh",
     "day_spec",
+    "fingerprint_columns",
     "format_day",
     "parse_day",
     "prior_releases",
+    "source_days",
     "today_utc",
 ]
 
 #: statuses of a day whose release is in the table and committed after the call
-SERVED = frozenset({"published", "cache_hit", "healed", "republished", "degraded", "returned_existing"})
-#: statuses of a day that already has a release of another snapshot (or code), left as it is
-STALE = frozenset({"snapshot_changed", "code_changed"})
+SERVED = frozenset({"published", "cache_hit", "healed", "republished", "degraded", "returned_existing",
+                    "unchanged"})
+#: statuses of a day that already has a release of another snapshot (or code) whose input
+#: rows changed (or cannot be compared), left as it is
+STALE = frozenset({"input_changed", "snapshot_changed", "code_changed"})
 #: a day that failed, or was not attempted because an earlier day failed
 FAILED = frozenset({"error", "skipped"})
 
@@ -199,18 +217,23 @@ class DayResult:
     """What the schedule did for one day.
 
     * ``status``: ``published`` | ``cache_hit`` | ``healed`` | ``degraded`` |
-      ``returned_existing`` (from the engine), ``republished`` (a stale day republished with
-      ``republish=True``), ``snapshot_changed`` / ``code_changed`` (a release of this day spec
-      exists for another input snapshot / code version; left as it is, nothing charged),
-      ``error`` or ``skipped`` (not attempted after an earlier error);
+      ``returned_existing`` (from the engine), ``unchanged`` (a release of this day spec
+      exists for another input snapshot, and the day's input rows are the same: it serves the
+      day, nothing charged), ``republished`` (a stale day republished with
+      ``republish=True``), ``input_changed`` (a release exists for another snapshot and the
+      day's input rows changed), ``snapshot_changed`` (a release exists for another snapshot,
+      recorded before input fingerprints: its rows cannot be compared) / ``code_changed``
+      (another code version on the same input or the same rows) -- these three left as they
+      are, nothing charged --, ``error`` or ``skipped`` (not attempted after an earlier error);
     * ``release_id``: the release in force for the day after the call (for a stale day: the
       published one); ``input_version``: the input version that release read;
     * ``current_release_id`` / ``current_input_version``: what a publish now would be / read;
     * ``published_release_id`` / ``published_input_version``: the earlier release of the day
-      (stale and republished days);
+      (unchanged, stale and republished days);
     * ``charge``: what this call spent (None when nothing was charged);
     * ``budget``: the window budget after the call (None if it could not be read);
-    * ``rows``: the published cells of the day (read back after commit), else empty.
+    * ``rows``: the published cells of the day (read back after commit), else empty;
+    * ``note``: for a stale day, why (never a fingerprint or a data value).
     """
 
     day: date
@@ -309,17 +332,121 @@ def _day_rows(result, iso: str) -> tuple[dict[str, Any], ...]:
 
 
 # --------------------------------------------------------------------------------------
+# Input fingerprints (compared, never shown)
+# --------------------------------------------------------------------------------------
+def fingerprint_columns(spec: ReleaseSpec) -> tuple[str, ...]:
+    """The columns a day's input fingerprint hashes: the ones the spec reads (unit, group-by,
+    value and ``where`` columns, :func:`dp_spark.precheck.columns_read`), not the rest of
+    ``columns``, which are selected but change no cell."""
+    from dp_spark.precheck import columns_read
+
+    return tuple(c for path, c in columns_read(spec) if not path.startswith("columns["))
+
+
+def source_days(dspec: ReleaseSpec) -> tuple[str, ...]:
+    """The date keys whose rows reach the cells of a day spec: the day itself, and with rolling
+    windows every day a window of it covers."""
+    from dp_spark.statistics.plan import date_feeds
+
+    feeds = date_feeds(dspec)
+    if feeds is not None:
+        return tuple(feeds.days)
+    dated = dspec.date_key_set
+    assert dated is not None  # a day spec is keyed by its date
+    return tuple(dated.values)
+
+
+class InputFingerprints:
+    """The input fingerprints of the days of a refresh or backfill (``days``: the day specs'
+    source days are digested together, in ONE Spark aggregation per input snapshot, on the
+    first day that needs one). Digests stay in memory; nothing here logs or returns more than
+    the keyed fingerprint, which the caller compares or stores in the ledger."""
+
+    def __init__(self, spec: ReleaseSpec, days: Sequence[date]):
+        self._spec = spec
+        self._days = tuple(days)
+        self._digests: dict[tuple[str, str, int], dict[str, Any]] = {}
+
+    def of(self, engine, dspec: ReleaseSpec, snap, day: date) -> Optional[str]:
+        """The fingerprint of ``day``'s input rows on ``snap`` (None when the warehouse has no
+        salt yet: nothing was ever published with it)."""
+        from dp_spark.backends.fingerprint import day_digests
+        from dp_spark.core.fingerprint import RowDigest, fingerprint, fingerprint_keys
+        from dp_spark.salt import read_salt
+        from dp_spark.spark import quiet_pyspark_error_logs
+
+        salt = read_salt(engine.env.salt_file)
+        if salt is None:
+            return None
+        mac_key, row_key = fingerprint_keys(salt)
+        columns = fingerprint_columns(dspec)
+        mine = source_days(dspec)
+        at = (snap.location, snap.table_id, snap.version)
+        digests = self._digests.get(at, {})
+        if any(src not in digests for src in mine):
+            wanted = set(mine)
+            for d in self._days:
+                if d != day:
+                    try:
+                        wanted.update(source_days(day_spec(self._spec, d)))
+                    except ConfigError:
+                        continue
+            wanted -= set(digests)
+            dated = dspec.date_key_set
+            assert dated is not None
+            log.info("day %s: %s: digesting the input rows of %d day(s) (one aggregation)",
+                     day.isoformat(), dspec.name, len(wanted))
+            with quiet_pyspark_error_logs():
+                got = day_digests(snap.reader(engine.spark), date_column=dated.column, days=sorted(wanted),
+                                  columns=columns, row_key=row_key)
+            digests = {**digests, **got}
+            self._digests[at] = digests
+        total = RowDigest()
+        for src in mine:
+            total = total + digests[src]
+        return fingerprint(total, mac_key, columns=columns, days=mine)
+
+
+def _withdrawn(engine, family: str, release_id: str) -> bool:
+    if engine.mode != "official":
+        return False
+    return any(v.release_id == release_id and v.state == "withdrawn" for v in engine.ledger.versions(family))
+
+
+def _record_fingerprint(engine, dspec: ReleaseSpec, snap, day: date, release_id: str,
+                        fps: InputFingerprints) -> None:
+    """Record the input fingerprint of a release of ``day`` just served on ``snap`` (once per
+    release: a release published before fingerprints gets one at its next cache hit). A
+    failure is logged (class only) and leaves the day served: its next run records it."""
+    try:
+        if engine.ledger.fingerprint(release_id) is not None:
+            return
+        fp = fps.of(engine, dspec, snap, day)
+        if fp is not None:
+            engine.ledger.record_fingerprint(release_id, fp)
+    except DpSparkError as exc:
+        log.warning("day %s: the input fingerprint of release %s was not recorded (%s); the next run "
+                    "records it", day.isoformat(), release_id[:12], type(exc).__name__)
+
+
+# --------------------------------------------------------------------------------------
 # One day, a range of days
 # --------------------------------------------------------------------------------------
-def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = False) -> DayResult:
+def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = False,
+                  fingerprints: Optional[InputFingerprints] = None) -> DayResult:
     """Publish ``day``'s cell of a day-keyed ``spec`` (see the module docstring).
 
     Idempotent: a rerun on the same input snapshot is the engine's cache hit (no charge). A day
-    already published for another input snapshot (or code version) is reported and left as it
-    is, unless ``republish`` (a new release, charged). Errors (DpSparkError) propagate.
+    already published for another input snapshot whose input rows are unchanged (its input
+    fingerprint) is ``unchanged``: served by that release, nothing charged, even with
+    ``republish``. One whose rows changed (``input_changed``), or whose release predates input
+    fingerprints (``snapshot_changed``) or another code version (``code_changed``), is reported
+    and left as it is, unless ``republish`` (a new release, charged). ``fingerprints``: shared
+    by the days of a backfill (one aggregation for all). Errors (DpSparkError) propagate.
     """
-    from dp_spark.engine import release_id_for
-    from dp_spark.delta.release_table import pin_snapshot
+    from dp_spark.core.fingerprint import same_fingerprint
+    from dp_spark.engine import CODE_VERSION, release_id_for
+    from dp_spark.delta.release_table import pin_snapshot, read_release
 
     dspec = day_spec(spec, day)
     iso = day.isoformat()
@@ -330,6 +457,7 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
     snap = pin_snapshot(engine.spark, location)
     current_id = release_id_for(dspec, snap.table_id, snap.version, engine.mode)
 
+    fps = fingerprints if fingerprints is not None else InputFingerprints(spec, (day,))
     prior: Optional[PriorRelease] = None
     entry = engine.ledger.find(current_id)
     if entry is None:
@@ -339,13 +467,37 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
             prior = None  # written but unknown to the ledger: the engine decides (heal/refuse)
         elif priors:
             prior = priors[0]
-    if prior is not None and not republish:
+    status = ""
+    why = ""
+    if prior is not None:
         same_input = (prior.input_table_id, prior.input_version) == (snap.table_id, snap.version)
-        status = "code_changed" if same_input else "snapshot_changed"
-        why = (f"code version {prior.code_version} -> current" if same_input else
-               f"input version {prior.input_version} -> {snap.version}"
-               + ("" if prior.input_table_id == snap.table_id else " (another table id)"))
-        log.warning("day %s: %s: already published as %s; %s since: not republished "
+        if same_input:
+            status, why = "code_changed", f"code version {prior.code_version} -> current"
+        else:
+            moved = (f"input version {prior.input_version} -> {snap.version}"
+                     + ("" if prior.input_table_id == snap.table_id else " (another table id)"))
+            recorded = engine.ledger.fingerprint(prior.release_id)
+            if recorded is None:
+                status = "snapshot_changed"
+                why = f"{moved}; released before input fingerprints: its rows cannot be compared"
+            elif _withdrawn(engine, dspec.family, prior.release_id):
+                status, why = "snapshot_changed", f"{moved}; its release was withdrawn"
+            else:
+                log.info("day %s: %s: comparing the day's input rows with release %s's", iso, dspec.name,
+                         prior.release_id[:12])
+                now = fps.of(engine, dspec, snap, day)
+                if now is None:
+                    status, why = "snapshot_changed", f"{moved}; the warehouse has no salt to compare its rows with"
+                elif not same_fingerprint(now, recorded):
+                    status, why = "input_changed", f"{moved}; the day's input rows changed"
+                elif prior.code_version != CODE_VERSION:
+                    status = "code_changed"
+                    why = f"code version {prior.code_version} -> current ({moved}; the day's input rows are unchanged)"
+                else:
+                    return _unchanged(engine, dspec, day, prior, snap, current_id, moved,
+                                      read_release(engine.spark, path, prior.release_id))
+    if prior is not None and not republish:
+        log.warning("day %s: %s: already published as %s (%s): not republished "
                     "(republish to publish and charge again)", iso, status, prior.release_id[:12], why)
         engine.ledger.append_audit(
             principal=engine.principal, action=f"refresh:{engine.mode}", spec_name=dspec.name,
@@ -357,8 +509,7 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
             input_version=prior.input_version, current_release_id=current_id,
             current_input_version=snap.version, published_release_id=prior.release_id,
             published_input_version=prior.input_version, charge=None,
-            budget=budget_window(engine, dspec.budget_id),
-            note=f"{why}; pass republish to publish it again (charges the budget)",
+            budget=budget_window(engine, dspec.budget_id), note=why,
         )
 
     log.info("day %s: publishing %s", iso, dspec.name)
@@ -369,6 +520,8 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
         status = "republished"
         note = (note + "; " if note else "") + f"replaces {prior.release_id} (input version {prior.input_version})"
     log.info("day %s: %s release %s", iso, status, result.release_id[:12])
+    if result.release_id == current_id and status in ("published", "republished", "cache_hit", "healed"):
+        _record_fingerprint(engine, dspec, snap, day, current_id, fps)
     return DayResult(
         day=day, release_name=dspec.name, status=status, release_id=result.release_id,
         input_version=_input_version(result, snap.version), current_release_id=current_id,
@@ -377,6 +530,28 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
         published_input_version=None if prior is None else prior.input_version,
         charge=result.charge, budget=budget_window(engine, dspec.budget_id), note=note,
         rows=_day_rows(result, iso),
+    )
+
+
+def _unchanged(engine, dspec: ReleaseSpec, day: date, prior: PriorRelease, snap, current_id: str, moved: str,
+               stored: list) -> DayResult:
+    """The day's input rows are those its release read: that release serves it (no charge)."""
+    iso = day.isoformat()
+    log.info("day %s: unchanged: %s, the day's input rows are unchanged: served by release %s, nothing charged",
+             iso, moved, prior.release_id[:12])
+    engine.ledger.append_audit(
+        principal=engine.principal, action=f"refresh:{engine.mode}", spec_name=dspec.name,
+        spec_version=dspec.version(), decision="unchanged", release_id=prior.release_id, charge_json=None,
+        detail=f"{moved}; the day's input rows are unchanged: served by release {prior.release_id}, "
+               f"not release {current_id}; nothing charged",
+    )
+    return DayResult(
+        day=day, release_name=dspec.name, status="unchanged", release_id=prior.release_id,
+        input_version=prior.input_version, current_release_id=current_id, current_input_version=snap.version,
+        published_release_id=prior.release_id, published_input_version=prior.input_version, charge=None,
+        budget=budget_window(engine, dspec.budget_id),
+        note=f"{moved}; the day's input rows are unchanged: served by release {prior.release_id}",
+        rows=tuple(r for r in stored if r.get("key") == iso),
     )
 
 
@@ -400,7 +575,8 @@ def backfill(engine, spec: ReleaseSpec, start: date, end: date, *, republish: bo
 
     Every day is validated (declared by the spec) before the first one is published. Each
     day is charged at most once: already published days are cache hits; days published for
-    another snapshot are reported (``republish`` to publish them again). A day that fails
+    another snapshot are ``unchanged`` when their input rows are the same, else reported
+    (``republish`` to publish them again). A day that fails
     with a DpSparkError is an ``error`` result; with ``stop_on_error`` the remaining days
     are ``skipped`` (a refused budget would refuse them too). ``on_day`` is called with each
     result as soon as it is known (a job prints it).
@@ -408,6 +584,7 @@ def backfill(engine, spec: ReleaseSpec, start: date, end: date, *, republish: bo
     days = days_between(start, end)
     for d in days:  # every check that can fail on the range fails before anything is charged
         day_spec(spec, d)
+    fps = InputFingerprints(spec, days)  # the days needing a fingerprint share one aggregation
     results: list[DayResult] = []
     failed = False
     for d in days:
@@ -416,7 +593,7 @@ def backfill(engine, spec: ReleaseSpec, start: date, end: date, *, republish: bo
                           note="not attempted after an earlier error")
         else:
             try:
-                r = daily_refresh(engine, spec, d, republish=republish)
+                r = daily_refresh(engine, spec, d, republish=republish, fingerprints=fps)
             except DpSparkError as exc:  # messages carry no data values
                 failed = True
                 log.error("day %s: %s", d.isoformat(), type(exc).__name__)
@@ -466,7 +643,10 @@ def format_day(r: DayResult) -> str:
         parts.append(f"remaining={r.budget.describe()}")
     if r.status in STALE:
         parts.append(f"published on input v{r.published_input_version}, current input v{r.current_input_version}"
-                     f" (would be release {r.current_release_id}); not republished")
+                     f" (would be release {r.current_release_id}); {r.note or r.status}; not republished")
+    elif r.status == "unchanged":
+        parts.append(f"published on input v{r.published_input_version}, current input v{r.current_input_version}:"
+                     " the day's input rows are unchanged, served by this release")
     elif r.published_release_id and r.status == "republished":
         parts.append(f"replaces {r.published_release_id} (input v{r.published_input_version})")
     if r.status in SERVED:
@@ -475,6 +655,6 @@ def format_day(r: DayResult) -> str:
                          f"ci=[{_fmt_value(c['ci_low'])}, {_fmt_value(c['ci_high'])}]")
     if r.error:
         parts.append(f"error: {r.error}")
-    elif r.note and r.status not in STALE:
+    elif r.note and r.status not in STALE and r.status != "unchanged":
         parts.append(f"({r.note})")
     return "  ".join(parts)

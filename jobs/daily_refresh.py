@@ -6,8 +6,9 @@
 
 The same as ``dp-spark refresh`` (``dp-spark backfill --from --to`` for a range): one line per
 day: status, release id, charge, remaining window budget (and, once committed, the published
-cell). A rerun of a day is a no-op; a day whose input snapshot changed after publication is
-reported (snapshot_changed), not republished, unless --republish.
+cell). A rerun of a day is a no-op; a day whose input rows did not change on a new snapshot is
+served by its release (unchanged); one whose rows changed after publication is reported
+(input_changed), not republished, unless --republish.
 Exit status: 0 ok, 1 a day failed, 2 bad arguments or config, 3 with --strict and a stale day
 (docs/cli.md).
 

@@ -490,8 +490,9 @@ def explore(env: Optional[str], conf: str, group_sizes: list, budgets: list, tar
 # -- refresh / backfill: day-keyed releases ----------------------------------------------
 REFRESH_EPILOG = """\
 One line per day: status, release id, charge, remaining window budget (and, once committed,
-the published cell). A rerun of a day is a no-op; a day whose input snapshot changed after
-publication is reported (snapshot_changed), not republished, unless --republish.
+the published cell). A rerun of a day is a no-op; a day whose input rows did not change on a
+new input snapshot is served by its release (unchanged, nothing charged); a day whose input
+rows changed after publication is reported (input_changed), not republished, unless --republish.
 
 exit codes:
   0  every day served (published, cache hit, ...) or reported stale
@@ -504,9 +505,10 @@ exit codes:
 def _refresh_flags(f):
     for opt in reversed([
         click.option("--republish", is_flag=True,
-                     help="republish days whose input snapshot changed since publication (charges again)"),
-        click.option("--strict", is_flag=True, help="exit 3 when a day was left stale (snapshot_changed / "
-                                                    "code_changed)"),
+                     help="republish input_changed days (their input rows changed since publication; also "
+                          "snapshot_changed / code_changed days): charges again"),
+        click.option("--strict", is_flag=True, help="exit 3 when a day was left stale (input_changed / "
+                                                    "snapshot_changed / code_changed)"),
         click.option("--keep-going", is_flag=True, help="after a failed day, still try the following days"),
         click.option("--mode", type=MODES, default="official", show_default=True),
         click.option("--quiet", is_flag=True, help="print only the per-day lines"),

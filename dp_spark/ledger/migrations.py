@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from dp_spark.ledger.dialects import Cursor
-from dp_spark.ledger.schema import CORE_DDL, POLICIES_DDL, VERSIONS_DDL
+from dp_spark.ledger.schema import CORE_DDL, FINGERPRINTS_DDL, POLICIES_DDL, VERSIONS_DDL
 
 __all__ = ["MIGRATIONS", "Migration", "migrate"]
 
@@ -39,6 +39,11 @@ def add_version_record(cur: Cursor) -> None:
         cur.x(stmt)
 
 
+def add_input_fingerprints(cur: Cursor) -> None:
+    """4: the input fingerprint of releases (``dp_fingerprints``)."""
+    cur.x(FINGERPRINTS_DDL)
+
+
 @dataclass(frozen=True)
 class Migration:
     number: int
@@ -50,6 +55,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "dp_ledger_meta", create_core_tables),
     Migration(2, "dp_policies", add_policy_history),
     Migration(3, "dp_versions", add_version_record),
+    Migration(4, "dp_fingerprints", add_input_fingerprints),
 )
 
 

@@ -191,6 +191,8 @@ class PostgresLedger(SqlLedger):
             trig("dp_versions_immutable", f"BEFORE UPDATE OF {IMMUTABLE_VERSION_COLUMNS}", "dp_versions"),
             trig("dp_versions_withdrawn_stays", "BEFORE UPDATE OF state", "dp_versions", "ROW",
                  "WHEN (OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn') "),
+            trig("dp_fingerprints_no_change", "BEFORE UPDATE OR DELETE", "dp_fingerprints"),
+            trig("dp_fingerprints_no_truncate", "BEFORE TRUNCATE", "dp_fingerprints", "STATEMENT"),
         )
 
     def _close_connection(self) -> None:

@@ -16,6 +16,8 @@
     dp_versions(family, version_no, release_id, state, reason, principal, at, changed_by,
                 changed_at, mac)   PRIMARY KEY (family, version_no), UNIQUE (family, release_id),
                 at most one 'current' row per family (a partial unique index)
+    dp_fingerprints(release_id PK -> dp_entries, fingerprint, at, mac)
+                the keyed content fingerprint of the input rows a release read (write once)
 
 Which of them a ledger gets, and when, is :mod:`dp_spark.ledger.migrations`; the guard
 triggers are each store's (:mod:`dp_spark.ledger.sqlite`, :mod:`dp_spark.ledger.postgres`).
@@ -28,6 +30,8 @@ __all__ = [
     "BUDGET_COLS",
     "CORE_DDL",
     "ENTRY_COLS",
+    "FINGERPRINTS_DDL",
+    "FINGERPRINT_COLS",
     "IMMUTABLE_ENTRY_COLUMNS",
     "IMMUTABLE_VERSION_COLUMNS",
     "POLICIES_DDL",
@@ -91,6 +95,17 @@ VERSIONS_DDL = (
 )
 VERSION_COLS = "family, version_no, release_id, state, reason, principal, at, changed_by, changed_at, mac"
 IMMUTABLE_VERSION_COLUMNS = "family, version_no, release_id, principal, at"
+
+# The keyed content fingerprint of the input rows a committed release read (a scheduled
+# refresh compares it with the current input's: dp_spark.schedule). Written once per release,
+# MAC'd; never mirrored to Delta, never audited, never shown.
+FINGERPRINTS_DDL = """CREATE TABLE IF NOT EXISTS dp_fingerprints (
+        release_id TEXT PRIMARY KEY REFERENCES dp_entries (release_id),
+        fingerprint TEXT NOT NULL,
+        at TEXT NOT NULL,
+        mac TEXT NOT NULL
+    )"""
+FINGERPRINT_COLS = "release_id, fingerprint, at, mac"
 
 # The tables of the first ledgers (before the policy history and the version record).
 CORE_DDL = (

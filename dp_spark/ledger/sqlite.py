@@ -154,6 +154,8 @@ class SQLiteLedger(SqlLedger):
             refuse("dp_versions_withdrawn_stays", "BEFORE UPDATE OF state", "dp_versions",
                    "a withdrawn version stays withdrawn",
                    "WHEN OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn' "),
+            refuse("dp_fingerprints_no_update", "BEFORE UPDATE", "dp_fingerprints", "fingerprints are written once"),
+            refuse("dp_fingerprints_no_delete", "BEFORE DELETE", "dp_fingerprints", "fingerprints are written once"),
         )
 
     def _close_connection(self) -> None:

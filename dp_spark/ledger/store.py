@@ -17,7 +17,8 @@ budget row, the chain's tail from the MAC'd head back, the entry it acts on, and
 :class:`~dp_spark.ledger.dialects.SqlDialect` (the store's hooks):
 :mod:`~dp_spark.ledger.bindings`, :mod:`~dp_spark.ledger.history` (policy history),
 :mod:`~dp_spark.ledger.windows` (spend), :mod:`~dp_spark.ledger.audit`,
-:mod:`~dp_spark.ledger.versions`. Budgets, entries, reserve, commit and verify are here.
+:mod:`~dp_spark.ledger.versions`, :mod:`~dp_spark.ledger.fingerprints` (input fingerprints).
+Budgets, entries, reserve, commit and verify are here.
 
 Nothing here imports pyspark.
 """
@@ -45,6 +46,7 @@ from dp_spark.errors import (
 from dp_spark.ledger.audit import AuditLog
 from dp_spark.ledger.bindings import Bindings
 from dp_spark.ledger.dialects import Cursor, Retry
+from dp_spark.ledger.fingerprints import Fingerprints
 from dp_spark.ledger.history import PolicyHistory
 from dp_spark.ledger.integrity import BudgetRow
 from dp_spark.ledger.keys import KEY_ENV
@@ -177,7 +179,7 @@ def _policy_texts(p: BudgetPolicy) -> tuple:
     )
 
 
-class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Ledger):
+class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Fingerprints, Ledger):
     """The ledger over a DB-API connection; subclasses supply the connection and dialect."""
 
     # -- schema ----------------------------------------------------------------------
@@ -636,6 +638,7 @@ class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Ledge
                     problems.append(f"binding to unregistered budget {row[2]!r}")
             problems.extend(self._audit_problems(cur))
             problems.extend(self._version_problems(cur))
+            problems.extend(self._fingerprint_problems(cur))
             self._raise_problems(problems)
 
         self._run("verify", fn, write=False)

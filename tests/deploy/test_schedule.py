@@ -111,11 +111,12 @@ def test_changed_snapshot_is_reported_not_republished(spark, deploy_env):
     first = daily_refresh(eng, spec, D[0])
     v0 = first.input_version
 
-    path = load_env(deploy_env).datasets["demo_events"]  # late events arrive: a new snapshot
-    spark.read.format("delta").load(path).limit(3).write.format("delta").mode("append").save(path)
+    path = load_env(deploy_env).datasets["demo_events"]  # late events of the day: a new snapshot
+    late = spark.read.format("delta").load(path).where(F.col("day") == F.lit(D[0])).limit(3)
+    late.write.format("delta").mode("append").save(path)
 
     stale = daily_refresh(local_engine(spark, deploy_env), spec, D[0])
-    assert stale.status == "snapshot_changed" and stale.charge is None and stale.rows == ()
+    assert stale.status == "input_changed" and stale.charge is None and stale.rows == ()
     assert stale.release_id == stale.published_release_id == first.release_id
     assert stale.published_input_version == v0 and stale.current_input_version == v0 + 1
     assert stale.current_release_id not in (None, first.release_id)
@@ -123,14 +124,15 @@ def test_changed_snapshot_is_reported_not_republished(spark, deploy_env):
     assert len(eng.ledger.entries(BUDGET)) == 1
     assert releases_of(spark, eng, spec, D[0]).select("release_id").distinct().count() == 1
     line = format_day(stale)
-    assert "snapshot_changed" in line and first.release_id in line and f"v{v0}" in line
+    assert "input_changed" in line and first.release_id in line and f"v{v0}" in line
+    assert "the day's input rows changed" in line and "not republished" in line
     assert "distinct_units=" not in line  # nothing about values for a day not (re)published
     audit = eng.ledger.audit_rows()[-1]
-    assert audit.decision == "reported_snapshot_changed" and audit.release_id == first.release_id
+    assert audit.decision == "reported_input_changed" and audit.release_id == first.release_id
 
     # a backfill over it: the stale day is reported again, a new day publishes on the new snapshot
     res = backfill(eng, spec, D[0], D[1])
-    assert [r.status for r in res] == ["snapshot_changed", "published"]
+    assert [r.status for r in res] == ["input_changed", "published"]
     assert res[1].input_version == v0 + 1
 
     # an explicit republish: a new release for the new snapshot, charged once
@@ -211,3 +213,184 @@ def test_rolling_spec_refreshes_a_day_after_the_old_end(spark, tmp_path, deploy_
     assert refresh_main(base) == 0
     again = [l for l in capsys.readouterr().out.splitlines() if l.startswith("2026-12-02")]
     assert "cache_hit" in again[0] and "charge=none" in again[0]
+
+
+# -- the content fingerprint of a day's input rows ------------------------------------------------
+def _input_path(env_file: Path) -> str:
+    return load_env(env_file).datasets["demo_events"]
+
+
+def _spent(eng):
+    return eng.ledger.status(BUDGET).spent
+
+
+def test_an_append_of_new_days_charges_nothing_for_the_old_ones(spark, deploy_env):
+    path = _input_path(deploy_env)
+    v0 = spark.read.format("delta").option("versionAsOf", 0).load(path)
+    # the input holds the days before D3 (a rewrite: a new snapshot of the same table)
+    v0.where(F.col("day") < F.lit(D[3])).write.format("delta").mode("overwrite").save(path)
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")
+    first = backfill(eng, spec, D[0], D[2])
+    assert [r.status for r in first] == ["published"] * 3 and _spent(eng) == RHO * 3
+    assert all(eng.ledger.fingerprint(r.release_id) is not None for r in first)  # recorded with each
+
+    v0.where(F.col("day") == F.lit(D[3])).write.format("delta").mode("append").save(path)  # the nightly append
+    eng2 = local_engine(spark, deploy_env)
+    res = backfill(eng2, spec, D[0], D[3])
+    assert [r.status for r in res] == ["unchanged"] * 3 + ["published"]
+    assert [r.charge for r in res] == [None] * 3 + [RHO]
+    assert _spent(eng2) == RHO * 4 and len(eng2.ledger.entries(BUDGET)) == 4
+    for old, now in zip(first, res):  # each old day is served by its release, on the new snapshot
+        assert now.release_id == now.published_release_id == old.release_id
+        assert now.current_input_version == old.input_version + 1 and now.current_release_id != old.release_id
+        assert now.rows == old.rows  # its published cells: no new noise
+        assert releases_of(spark, eng2, spec, now.day).select("release_id").distinct().count() == 1
+    line = format_day(res[0])
+    assert "unchanged" in line and first[0].release_id in line and "distinct_units=" in line
+    audits = [a for a in eng2.ledger.audit_rows() if a.decision == "unchanged"]
+    assert [a.release_id for a in audits] == [r.release_id for r in first]
+    assert all(f"served by release {a.release_id}" in a.detail for a in audits)
+
+    again = backfill(local_engine(spark, deploy_env), spec, D[0], D[3])  # the next night, no new data
+    assert [r.status for r in again] == ["unchanged"] * 3 + ["cache_hit"]
+    assert all(r.charge is None for r in again) and _spent(eng2) == RHO * 4
+
+
+def test_a_rewrite_of_the_same_rows_in_another_order_is_unchanged(spark, deploy_env):
+    path = _input_path(deploy_env)
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")
+    first = daily_refresh(eng, spec, D[0])
+    before = spark.read.format("delta").option("versionAsOf", first.input_version).load(path)
+    n_files = len(spark.read.format("delta").load(path).inputFiles())
+    # the nightly full rewrite: the same rows, shuffled, in another number of files
+    before.orderBy(F.rand(7)).repartition(n_files + 3).write.format("delta").mode("overwrite").save(path)
+    assert len(spark.read.format("delta").load(path).inputFiles()) != n_files
+
+    r = daily_refresh(local_engine(spark, deploy_env), spec, D[0])
+    assert r.status == "unchanged" and r.charge is None and r.release_id == first.release_id
+    assert r.current_input_version == first.input_version + 1
+    assert _spent(eng) == RHO and len(eng.ledger.entries(BUDGET)) == 1
+
+
+def test_one_changed_row_reports_its_day_only_and_republish_charges_it_once(spark, deploy_env):
+    path = _input_path(deploy_env)
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")
+    first = backfill(eng, spec, D[0], D[2])
+    rows = spark.read.format("delta").load(path).where(F.col("user_id").isNotNull())
+    ev = rows.where(F.col("day") == F.lit(D[1])).orderBy("event_id").first()["event_id"]
+    spark.sql(f"UPDATE delta.`{path}` SET user_id = 'u_changed' WHERE event_id = {ev}")
+
+    res = backfill(local_engine(spark, deploy_env), spec, D[0], D[2])
+    assert [r.status for r in res] == ["unchanged", "input_changed", "unchanged"]
+    assert all(r.charge is None for r in res) and _spent(eng) == RHO * 3
+    stale = format_day(res[1])
+    assert "input_changed" in stale and "the day's input rows changed" in stale and "distinct_units=" not in stale
+    assert eng.ledger.audit_rows()[-2].decision == "reported_input_changed"
+
+    rep = backfill(local_engine(spark, deploy_env), spec, D[0], D[2], republish=True)
+    assert [r.status for r in rep] == ["unchanged", "republished", "unchanged"]
+    assert [r.charge for r in rep] == [None, RHO, None] and _spent(eng) == RHO * 4
+    assert rep[1].published_release_id == first[1].release_id and rep[1].release_id == res[1].current_release_id
+    assert eng.ledger.fingerprint(rep[1].release_id) is not None
+    assert daily_refresh(local_engine(spark, deploy_env), spec, D[1]).status == "cache_hit"
+
+    # a row removed from D2: D2 only (D1 compares with its republished release)
+    gone = rows.where(F.col("day") == F.lit(D[2])).orderBy("event_id").first()["event_id"]
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE event_id = {gone}")
+    res = backfill(local_engine(spark, deploy_env), spec, D[0], D[2])
+    assert [r.status for r in res] == ["unchanged", "unchanged", "input_changed"]
+    assert res[1].release_id == rep[1].release_id and _spent(eng) == RHO * 4
+
+
+def test_a_column_the_spec_does_not_read_changes_nothing(spark, deploy_env):
+    path = _input_path(deploy_env)
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")  # reads user_id and day
+    first = daily_refresh(eng, spec, D[0])
+    spark.sql(f"UPDATE delta.`{path}` SET region = 'elsewhere', order_value = -1.0 WHERE day = DATE'{D[0]}'")
+    assert daily_refresh(local_engine(spark, deploy_env), spec, D[0]).status == "unchanged"
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (channel STRING)")
+    spark.sql(f"UPDATE delta.`{path}` SET channel = 'web' WHERE day = DATE'{D[0]}'")
+    r = daily_refresh(local_engine(spark, deploy_env), spec, D[0])
+    assert r.status == "unchanged" and r.release_id == first.release_id and r.current_input_version == 3
+    assert _spent(eng) == RHO
+
+
+def test_a_release_from_before_fingerprints_is_snapshot_changed(spark, deploy_env):
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")
+    # as before this change: releases without a fingerprint
+    old = [eng.publish(day_spec(spec, d)) for d in D[:2]]
+    assert [eng.ledger.fingerprint(r.release_id) for r in old] == [None, None]
+    hit = daily_refresh(eng, spec, D[1])  # D1 rerun on its own snapshot: its fingerprint is recorded now
+    assert hit.status == "cache_hit" and eng.ledger.fingerprint(old[1].release_id) is not None
+    path = _input_path(deploy_env)
+    spark.read.format("delta").load(path).where(F.col("day") == F.lit(D[9])).limit(2) \
+        .write.format("delta").mode("append").save(path)
+    res = backfill(local_engine(spark, deploy_env), spec, D[0], D[1])
+    assert [r.status for r in res] == ["snapshot_changed", "unchanged"]
+    assert [r.release_id for r in res] == [r.release_id for r in old] and all(r.charge is None for r in res)
+    assert "released before input fingerprints" in format_day(res[0])
+    assert _spent(eng) == RHO * 2
+
+
+def test_the_fingerprint_is_keyed_by_the_salt_and_never_shown(spark, tmp_path, deploy_input, capsys, caplog,
+                                                              monkeypatch):
+    import logging
+
+    from dp_spark.backends.fingerprint import day_digests
+    from dp_spark.core.fingerprint import fingerprint_keys
+    from dp_spark.ledger import open_ledger
+
+    monkeypatch.setenv("DP_SPARK_PRINCIPAL", PRINCIPAL)
+    caplog.set_level(logging.DEBUG)
+    envs = [make_env(tmp_path / n, deploy_input) for n in ("a", "b")]  # the same rows, two salts
+    fps = []
+    for env_file in envs:
+        argv = ["--env", str(env_file), "--conf", str(spec_path(env_file, "dau_daily")), "--verbose"]
+        assert refresh_main(argv + ["--date", D[0].isoformat()]) == 0
+        with open_ledger(load_env(env_file).ledger_url) as led:
+            fps.append(led.fingerprint(led.entries()[0].release_id))
+    assert None not in fps and fps[0] != fps[1]
+    # the executors' digests differ too: the row key is mixed into each row's hash
+    df = spark.read.format("delta").load(str(deploy_input))
+    a, b = (day_digests(df, date_column="day", days=[D[0].isoformat()], columns=["user_id", "day"],
+                        row_key=fingerprint_keys(salt)[1])[D[0].isoformat()] for salt in ("s" * 32, "t" * 32))
+    assert a.rows == b.rows > 0 and a.total != b.total
+
+    # a new snapshot: the day is compared (unchanged), with every log line on
+    path = _input_path(envs[0])
+    spark.read.format("delta").load(path).where(F.col("day") == F.lit(D[9])).limit(2) \
+        .write.format("delta").mode("append").save(path)
+    argv = ["--env", str(envs[0]), "--conf", str(spec_path(envs[0], "dau_daily")), "--verbose"]
+    assert refresh_main(argv + ["--date", D[0].isoformat()]) == 0
+    out, err = capsys.readouterr()
+    assert "unchanged" in out and "comparing the day's input rows" in caplog.text  # the lines were captured
+    env = load_env(envs[0])
+    tables = [env.ledger_mirror, env.audit_mirror, f"{env.output_root}/dau_daily"]
+    stored = "".join(repr(r.asDict()) for t in tables for r in spark.read.format("delta").load(t).collect())
+    with open_ledger(env.ledger_url) as led:
+        audit = repr(led.audit_rows())
+    from dp_spark.salt import read_salt
+
+    salt = read_salt(env.salt_file)
+    secrets_ = [*fps, salt, fingerprint_keys(salt)[1], fingerprint_keys(salt)[0].hex()]
+    for secret in secrets_:
+        for text in (out, err, caplog.text, stored, audit):
+            assert secret not in text and secret[:16] not in text
+
+
+def test_a_withdrawn_release_does_not_serve_its_unchanged_day(spark, deploy_env):
+    eng = local_engine(spark, deploy_env)
+    spec = env_spec(deploy_env, "dau_daily")
+    first = daily_refresh(eng, spec, D[0])
+    assert eng.ledger.withdraw_version(spec.family, "admin_carol", "wrong filter") == (first.release_id, None)
+    path = _input_path(deploy_env)
+    spark.read.format("delta").load(path).where(F.col("day") == F.lit(D[9])).limit(2) \
+        .write.format("delta").mode("append").save(path)
+    r = daily_refresh(local_engine(spark, deploy_env), spec, D[0])
+    assert r.status == "snapshot_changed" and r.charge is None and "its release was withdrawn" in format_day(r)
+    assert _spent(eng) == RHO

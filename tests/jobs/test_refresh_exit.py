@@ -14,12 +14,13 @@ def test_a_stale_day_is_a_warning_or_with_strict_an_error_and_exit_3(spark, ware
     argv = ["--env", str(warehouse), "--conf", spec, "--date", "2026-11-02", "--quiet"]
     assert refresh_main(argv) == 0
     capsys.readouterr()
-    path = load_env(warehouse).datasets["demo_events"]  # late rows: a new input snapshot
-    spark.read.format("delta").load(path).limit(3).write.format("delta").mode("append").save(path)
+    path = load_env(warehouse).datasets["demo_events"]  # late rows of the day: its input rows changed
+    late = spark.read.format("delta").load(path).where("day = DATE'2026-11-02'").limit(3)
+    late.write.format("delta").mode("append").save(path)
 
     rc = refresh_main(argv)
     out, err = capsys.readouterr()
-    assert rc == 0 and "snapshot_changed" in out
+    assert rc == 0 and "input_changed" in out
     assert "dp-spark: warning: 1 day(s) were published on an older input snapshot" in err
     assert "error" not in err
 

@@ -534,6 +534,62 @@ def test_an_older_ledger_gains_the_version_record_on_open(ledger_factory, policy
         ledger_factory.raw("DELETE FROM dp_versions")  # guarded as in a new ledger
 
 
+# -- input fingerprints (dp_fingerprints) ---------------------------------------------------
+FP = "ab" * 32
+
+
+def test_a_fingerprint_is_recorded_once_for_a_charged_release(ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    reserve(ledger, "r1", PureDP("0.1"))
+    assert ledger.fingerprint("r1") is None  # recorded before fingerprints, or not yet
+    assert ledger.record_fingerprint("r1", FP) is True
+    assert ledger.record_fingerprint("r1", "cd" * 32) is False  # written once: the first is kept
+    assert ledger.fingerprint("r1") == FP
+    with pytest.raises(UnknownReleaseError):
+        ledger.record_fingerprint("never-charged", FP)
+    with pytest.raises(LedgerError) as err:
+        ledger.record_fingerprint("r1", "")
+    assert FP not in str(err.value)
+    ledger.verify()
+    # the fingerprint is the ledger's own: not in the entries, the audit rows or their mirror
+    assert all(FP not in repr(e) for e in ledger.entries()) and all(FP not in repr(a) for a in ledger.audit_rows())
+
+
+def test_fingerprints_are_macd_and_guarded(ledger_factory, policy, clock):
+    from dp_spark.errors import LedgerIntegrityError
+
+    led = ledger_factory(clock=clock)
+    led.register_budget(policy("b", cap=1))
+    reserve(led, "r1", PureDP("0.1"))
+    led.record_fingerprint("r1", FP)
+    for sql in ("DELETE FROM dp_fingerprints", "UPDATE dp_fingerprints SET fingerprint = 'x'"):
+        with pytest.raises(Exception):
+            ledger_factory.raw(sql)
+    ledger_factory.drop_guards()  # an insider: the MAC still tells
+    led.verify()
+    ledger_factory.raw("UPDATE dp_fingerprints SET fingerprint = ? WHERE release_id = 'r1'", ("cd" * 32,))
+    with pytest.raises(LedgerIntegrityError, match="input fingerprint of release 'r1'") as err:
+        led.fingerprint("r1")
+    assert FP not in str(err.value) and "cd" * 32 not in str(err.value)
+    with pytest.raises(LedgerIntegrityError, match="input fingerprint of release 'r1' edited"):
+        led.verify()
+
+
+def test_an_older_ledger_gains_the_fingerprints_on_open(ledger_factory, policy):
+    with ledger_factory() as led:
+        led.register_budget(policy("b", cap=1))
+        reserve(led, "r1", PureDP("0.1"))
+    ledger_factory.raw("DROP TABLE dp_fingerprints")  # a ledger of the previous dp_spark
+    with ledger_factory() as led:
+        led.verify()
+        assert led.fingerprint("r1") is None  # a release recorded before fingerprints
+        assert led.record_fingerprint("r1", FP) is True
+    with ledger_factory() as led:
+        assert led.fingerprint("r1") == FP
+    with pytest.raises(Exception):
+        ledger_factory.raw("DELETE FROM dp_fingerprints")  # guarded as in a new ledger
+
+
 def test_import_versions_adopts_a_history_once(ledger, clock):
     from dp_spark.ledger.records import VersionRecord
 
