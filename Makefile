@@ -90,6 +90,8 @@ demo: setup
 	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml \
 	    --conf conf/releases/wau_mau_daily.yaml
 	$(VENV)/bin/dp-spark show --env conf/envs/local.yaml --family wau_mau_daily
+	$(VENV)/bin/dp-spark chart --env conf/envs/local.yaml --family wau_mau_daily \
+	    --out warehouse/charts/wau_mau_daily.png
 
 # README command 2: the whole test suite, statistical tests and PostgreSQL included.
 test: setup
