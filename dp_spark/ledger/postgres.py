@@ -136,13 +136,21 @@ class PostgresLedger(SqlLedger):
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             conn = self._connect()
-        with conn.transaction():
-            cur = conn.cursor()
-            if write:
-                cur.execute(_DURABLE_COMMIT)
-            else:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            yield Cursor(cur.execute, "format")
+        try:
+            with conn.transaction():
+                cur = conn.cursor()
+                if write:
+                    cur.execute(_DURABLE_COMMIT)
+                else:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                yield Cursor(cur.execute, "format")
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if self._classify(exc) == "unavailable":
+                # the server ended the session ("terminating connection due to administrator
+                # command") before psycopg marked the connection broken: the next call must
+                # open a new one, not send to this one again
+                self._close_connection()
+            raise
 
     def _classify(self, exc: BaseException) -> Optional[str]:
         if isinstance(exc, (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable,

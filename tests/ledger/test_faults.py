@@ -308,6 +308,32 @@ def test_postgres_connection_lost_then_recovered(ledger_factory, ledger, policy)
     assert ledger.status("b").spent == PureDP("0.1")
 
 
+class _EndedSession:
+    """A connection the server has ended while psycopg has not yet marked it broken: its
+    next statement fails (as after ``pg_terminate_backend`` raced a transaction)."""
+
+    closed = False
+    broken = False
+
+    def transaction(self):
+        import psycopg
+
+        raise psycopg.OperationalError("sending query failed: terminating connection due to administrator command")
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("ledger_factory", ["postgres"], indirect=True)
+def test_postgres_session_ended_before_it_is_marked_broken_reconnects(ledger_factory, ledger, policy):
+    ledger.register_budget(policy("b", cap=1))
+    ledger._conn = _EndedSession()
+    with pytest.raises(LedgerUnavailableError, match="nothing was recorded"):
+        reserve(ledger, "r1", PureDP("0.1"))
+    assert reserve(ledger, "r1", PureDP("0.1")).entry.seq == 1  # a new connection, not the ended one
+    assert ledger.status("b").spent == PureDP("0.1")
+
+
 def test_sqlite_unopenable_path_is_unavailable(tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     with pytest.raises(LedgerUnavailableError):
