@@ -608,6 +608,21 @@ def rollback(env: Optional[str], family: str, reason: str, verbose: bool) -> int
     return 0
 
 
+def _family_rows(env: Optional[str], family: str, series: bool,
+                 columns: Optional[list[str]] = None) -> tuple[list[dict[str, Any]], int]:
+    """The published rows ``show`` and ``chart`` read, and the exit status when there are none:
+    2 after printing the error (no release table, invalid env), 0 after saying the family has no
+    current version."""
+    try:
+        rows = commands.show_family(commands.env_for(env), family, series=series, columns=columns)
+    except DpSparkError as exc:
+        error(str(exc))
+        return [], 2
+    if not rows:
+        print(f"{family}: no current version")
+    return rows, 0
+
+
 @_command("show", "print the published rows of a release family's current version",
           "Print the current version's published cells of a release family: one line per key and statistic "
           "(value and interval). Reads the release table and the ledger; charges nothing. Exit 0, or 2 "
@@ -618,14 +633,9 @@ def rollback(env: Optional[str], family: str, reason: str, verbose: bool) -> int
               help="the family as a series: each key's latest version that is not withdrawn (a day-keyed family "
                    "refreshed a day at a time), as <output_root>/<family>_current holds it")
 def show(env: Optional[str], family: str, series: bool) -> int:
-    try:
-        rows = commands.show_family(commands.env_for(env), family, series=series)
-    except DpSparkError as exc:
-        error(str(exc))
-        return 2
+    rows, status = _family_rows(env, family, series)
     if not rows:
-        print(f"{family}: no current version")
-        return 0
+        return status
     print(f"{'key':<24} {'statistic':<16} {'value':>12} {'ci_low':>12} {'ci_high':>12}")
     for r in rows:
         if r["suppressed"]:
@@ -693,15 +703,9 @@ def chart(env: Optional[str], family: str, out: Optional[str], series: bool) -> 
     if not target.lower().endswith((".png", ".html", ".htm")):
         error("--out must end in .png or .html")
         return 2
-    try:
-        rows = commands.show_family(commands.env_for(env), family, series=series,
-                                    columns=[f.name for f in RELEASE_SCHEMA.fields])
-    except DpSparkError as exc:
-        error(str(exc))
-        return 2
+    rows, status = _family_rows(env, family, series, columns=[f.name for f in RELEASE_SCHEMA.fields])
     if not rows:
-        print(f"{family}: no current version")
-        return 0
+        return status
     from dp_spark.evaluation.chart_data import series_chart_data
     from dp_spark.evaluation.charts import series_chart
 

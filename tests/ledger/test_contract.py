@@ -519,11 +519,17 @@ def test_versions_are_macd_and_guarded(ledger_factory, clock):
         led.verify()
 
 
-def test_an_older_ledger_gains_the_version_record_on_open(ledger_factory, policy):
+def _older_ledger_without(ledger_factory, policy, table: str) -> None:
+    """A ledger of a previous dp_spark, before ``table`` existed: release r1 charged, ``table``
+    dropped (its index and guards go with it)."""
     with ledger_factory() as led:
         led.register_budget(policy("b", cap=1))
         reserve(led, "r1", PureDP("0.1"))
-    ledger_factory.raw("DROP TABLE dp_versions")  # (its index and guards go with it)
+    ledger_factory.raw(f"DROP TABLE {table}")
+
+
+def test_an_older_ledger_gains_the_version_record_on_open(ledger_factory, policy):
+    _older_ledger_without(ledger_factory, policy, "dp_versions")
     with ledger_factory() as led:
         led.verify()
         assert led.find("r1").seq == 1 and led.versions() == []
@@ -576,10 +582,7 @@ def test_fingerprints_are_macd_and_guarded(ledger_factory, policy, clock):
 
 
 def test_an_older_ledger_gains_the_fingerprints_on_open(ledger_factory, policy):
-    with ledger_factory() as led:
-        led.register_budget(policy("b", cap=1))
-        reserve(led, "r1", PureDP("0.1"))
-    ledger_factory.raw("DROP TABLE dp_fingerprints")  # a ledger of the previous dp_spark
+    _older_ledger_without(ledger_factory, policy, "dp_fingerprints")
     with ledger_factory() as led:
         led.verify()
         assert led.fingerprint("r1") is None  # a release recorded before fingerprints
