@@ -39,7 +39,8 @@ from dp_spark.mechanisms.calibration import approx_to_zcdp_rho
 from dp_spark.spec.legacy import legacy_statistics
 from dp_spark.spec.errors import did_you_mean, model_errors, raise_errors
 from dp_spark.spec.runtime import (DEFAULT_SELECTION_SHARE, ExhaustionPolicy, KeyTable, MeanOptions, PrivateKeys,
-                                   PublicKeys, ReleaseSpec, TableKeys, ValueSpec, bucketed, grid_align)
+                                   PublicKeys, ReleaseSpec, StreamSpec, TableKeys, ValueSpec, bucketed, grid_align)
+from dp_spark.mechanisms.tree import MAX_HORIZON_DAYS
 from dp_spark.core.fields import (NUMBER_STRING_PATTERN, RELATIVE_DAYS, Column, DateBound, FixedDate, FreeText,
                                  Identifier, KeyValue,
                                  Number, PositiveInt, PositiveNumber, SpecModel, fail, fail_at, int_type,
@@ -404,6 +405,42 @@ class ConfidenceModel(SpecModel):
                            "(Sidak: each band at level^(1/m) for m cells, exact for independent noises)")
 
 
+#: the statistic kinds a stream publishes as running totals
+STREAM_KINDS = ("count", "sum")
+
+
+class StreamModel(SpecModel):
+    """``stream``: publish each day's running total (from ``start`` through the day) under
+    continual release, through the binary-tree mechanism: the whole horizon is charged once."""
+
+    horizon_days: int_type(1, MAX_HORIZON_DAYS) = Field(  # type: ignore[valid-type]
+        description="T: the days the stream covers (its one charge pays for all of them; each point's error "
+                    "grows like log^2 T)")
+    start: FixedDate = Field(description="day 1 of the stream: a fixed ISO date, the first of the group_by dates")
+
+    def check(self, statistics: tuple, key_sets: tuple, err) -> None:
+        """The stream's cross-field rules (reported to ``err(loc, problem)``)."""
+        dated = [k for k in key_sets if isinstance(k, PublicKeys) and k.kind == "date" and k.bucket is None]
+        if len(key_sets) != 1 or len(dated) != 1:
+            err(("stream",), "a stream is keyed by day: give exactly one group_by column with public_keys.dates "
+                             "(no bucket)")
+        else:
+            days = dated[0].values
+            if days[0] != self.start.isoformat():
+                err(("stream", "start"), "must be the first of the group_by dates")
+            if len(days) > self.horizon_days:
+                err(("stream", "horizon_days"), "the group_by dates run past the stream's horizon")
+        other = [s.kind for s in statistics if s.kind not in STREAM_KINDS]
+        if other:
+            err(("statistics",), f"a stream publishes running totals of {list(STREAM_KINDS)} statistics, not "
+                                 f"'{other[0]}'")
+        if any(s.window is not None for s in statistics):
+            err(("statistics",), "a stream's statistics take no window (each point is a running total)")
+
+    def spec(self) -> StreamSpec:
+        return StreamSpec(horizon_days=self.horizon_days, start=self.start.isoformat())
+
+
 def _schema_any_of(*alternatives: dict):
     """json_schema_extra: the field also takes a shorter form (converted before validation)."""
 
@@ -629,6 +666,16 @@ class _SpecBase(SpecModel):
                 where = check_where(self.where, columns, source)
             except ConfigError as exc:
                 err(("where",), str(exc).split("field 'where': ", 1)[-1])
+        stream_model = getattr(self, "stream", None)
+        if stream_model is not None:
+            stream_model.check(statistics, key_sets, err)
+            if neighbouring != Neighbouring.ADD_REMOVE_UNIT:
+                err(("neighbouring",), "a stream's sensitivity is derived for add_remove_unit")
+            if self.min_group_size is not None:
+                err(("min_group_size",), "a stream publishes every day's running total: no min_group_size")
+            if self.confidence.simultaneous:
+                err(("confidence", "simultaneous"), "the Sidak band assumes independent noises; a stream's points "
+                                                    "share node noises: pointwise intervals only")
         if not multi and metric is not None:
             statistics = legacy_statistics(metric, value, mean) if (value is not None or metric in
                                                                     ("count", "distinct_units")) else ()
@@ -643,7 +690,8 @@ class _SpecBase(SpecModel):
             confidence=self.confidence.level, simultaneous=self.confidence.simultaneous,
             on_exhausted=ExhaustionPolicy(policy=self.on_exhausted.policy, fallback=self.on_exhausted.fallback),
             columns=columns, max_cells=self.max_cells, min_group_size=min_group, source=source,
-            statistics=statistics, key_sets=key_sets, where=where)
+            statistics=statistics, key_sets=key_sets, where=where,
+            stream=None if stream_model is None else stream_model.spec())
 
     def _min_group_size(self, metric: Optional[str], key_sets: tuple, statistics: tuple,
                         err) -> Optional[MinGroupSize]:
@@ -711,6 +759,10 @@ class MultiStatisticSpec(_SpecBase):
     def _one_mapping(cls, v: Any) -> Any:
         return [v] if isinstance(v, Mapping) else v
 
+    stream: Optional[StreamModel] = Field(
+        None, description="publish running totals under continual release (the binary-tree mechanism): "
+                          "{horizon_days, start}; the horizon is charged once, at the first refresh")
+
     def _key_sets(self, run_date: date) -> tuple:
         return tuple(e.key_set(run_date) for e in self.group_by or ())
 
@@ -719,7 +771,8 @@ class MultiStatisticSpec(_SpecBase):
 # Validation: all errors, field paths, no values
 # ----------------------------------------------------------------------------------------
 #: top-level fields read as absent when null
-_NULL_IS_ABSENT = ("group_by", "value", "mean", "columns", "where", "min_group_size", "statistics", "metric")
+_NULL_IS_ABSENT = ("group_by", "value", "mean", "columns", "where", "min_group_size", "statistics", "metric",
+                   "stream")
 _DROP_FORM = ("a release with 'statistics' declares its value columns per statistic: drop 'metric', 'value' "
               "and 'mean'")
 _WRONG_FORM = {

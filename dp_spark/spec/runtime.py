@@ -23,6 +23,7 @@ from dp_spark.statistics.base import StatisticSpec, align_clamp
 from dp_spark.core.units import ContributionBounds, Neighbouring, PrivacyUnit
 
 __all__ = ["PublicKeys", "PrivateKeys", "KeyTable", "TableKeys", "ValueSpec", "MeanOptions", "ExhaustionPolicy", "ReleaseSpec",
+           "StreamSpec",
            "DEFAULT_SELECTION_SHARE", "key_set_canonical", "bounds_to_json", "grid_align", "bucket_of",
            "bucketed"]
 
@@ -154,6 +155,18 @@ class ExhaustionPolicy:
 
 
 @dataclass(frozen=True)
+class StreamSpec:
+    """``stream: {horizon_days, start}``: running totals under continual release over a
+    declared horizon (:mod:`dp_spark.mechanisms.tree`): day ``start`` is day 1."""
+
+    horizon_days: int
+    start: str  # ISO date
+
+    def canonical(self) -> dict[str, Any]:
+        return {"horizon_days": self.horizon_days, "start": self.start}
+
+
+@dataclass(frozen=True)
 class ReleaseSpec:
     """A pre-registered release. Frozen; every field validated in ``from_dict``.
 
@@ -195,6 +208,9 @@ class ReleaseSpec:
     # confidence: {simultaneous: true}: each cell also gets a band, all of a statistic's cells
     # inside their bands together with probability >= confidence (QueryPlan.noise)
     simultaneous: bool = False
+    #: ``stream: {horizon_days, start}``: each cell is the running total through its day,
+    #: published through the binary-tree mechanism (one charge for the horizon)
+    stream: Optional[StreamSpec] = None
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
@@ -221,6 +237,8 @@ class ReleaseSpec:
                 **({} if self.min_group_size is None else {"min_group_size": self.min_group_size.to_json()}),
                 # only when set: specs without simultaneous bands keep their release ids
                 **({"simultaneous": True} if self.simultaneous else {}),
+                # only when set: specs without a stream keep their release ids
+                **({} if self.stream is None else {"stream": self.stream.canonical()}),
             }
         return {
             "name": self.name,

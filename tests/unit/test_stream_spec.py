@@ -1,0 +1,86 @@
+"""The ``stream: {horizon_days, start}`` field of a statistics spec: its rules, its canonical
+form (specs without it keep their release ids: tests/unit/test_golden_release_ids.py), and
+the tree plan it gets (one charge for the horizon, the error at day 1, 30 and 365)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import date
+from fractions import Fraction
+
+import pytest
+
+from dp_spark.config import release_spec_from_dict
+from dp_spark.errors import ConfigError
+from dp_spark.spec.release import release_spec_errors
+
+BASE = {
+    "name": "revenue_stream", "dataset": "demo_events",
+    "privacy_unit": {"kind": "user", "column": "user_id"},
+    "statistics": [{"name": "orders", "kind": "count"},
+                   {"name": "revenue", "kind": "sum", "column": "order_value", "lower": 0, "upper": 500}],
+    "group_by": {"column": "day", "public_keys": {"dates": {"start": "2026-11-01", "end": "yesterday"}}},
+    "bounds": {"max_rows_per_unit": 10, "max_partitions_per_unit": 3, "max_rows_per_partition": 4},
+    "budget": {"id": "demo_events_user", "measure": "zcdp", "rho": "0.25"},
+    "stream": {"horizon_days": 365, "start": "2026-11-01"},
+}
+RUN = date(2026, 11, 11)
+
+
+def _spec(**over):
+    d = copy.deepcopy(BASE)
+    d.update(over)
+    return d
+
+
+def test_a_stream_spec_is_read():
+    spec = release_spec_from_dict(_spec(), run_date=RUN)
+    assert spec.stream.horizon_days == 365 and spec.stream.start == "2026-11-01"
+    assert spec.canonical()["stream"] == {"horizon_days": 365, "start": "2026-11-01"}
+    without = release_spec_from_dict({k: v for k, v in _spec().items() if k != "stream"}, run_date=RUN)
+    assert "stream" not in without.canonical() and without.version() != spec.version()
+
+
+@pytest.mark.parametrize("over,path", [
+    ({"stream": {"horizon_days": 365, "start": "2026-11-02"}}, "stream.start"),
+    ({"stream": {"horizon_days": 5, "start": "2026-11-01"}}, "stream.horizon_days"),
+    ({"stream": {"horizon_days": 0, "start": "2026-11-01"}}, "stream.horizon_days"),
+    ({"statistics": [{"name": "users", "kind": "distinct_units"}]}, "statistics"),
+    ({"statistics": [{"name": "orders", "kind": "count", "window": {"days": 7}}]}, "statistics"),
+    ({"group_by": {"column": "region", "public_keys": {"values": ["a", "b"]}}}, "stream"),
+    ({"min_group_size": 5}, "min_group_size"),
+    ({"confidence": {"level": 0.95, "simultaneous": True}}, "confidence.simultaneous"),
+])
+def test_stream_rules(over, path):
+    errors = release_spec_errors(_spec(**over), run_date=RUN)
+    assert any(p == path for p, _ in errors), errors
+    with pytest.raises(ConfigError):
+        release_spec_from_dict(_spec(**over), run_date=RUN)
+
+
+def test_the_single_metric_form_takes_no_stream():
+    d = {k: v for k, v in _spec().items() if k != "statistics"}
+    d.update(metric="count")
+    assert release_spec_errors(d, run_date=RUN)
+
+
+def test_the_stream_plan_is_one_charge_for_the_horizon():
+    from dp_spark.accountant import Accountant
+    from dp_spark.mechanisms import tree
+    from dp_spark.statistics.stream import plan_stream
+
+    spec = release_spec_from_dict(_spec(), run_date=RUN)
+    plan = plan_stream(spec)
+    assert plan.days == 10 and plan.horizon == 365
+    cost = Accountant("zcdp").cost(plan.event)
+    assert cost.fits_in(spec.charge) and cost.rho >= spec.charge.rho * Fraction(999999, 1000000)
+    rows, money = plan.parts
+    # derived from the bounds: L0 = 3 days, Linf = 4 rows per day (times 500 on the sum's grid)
+    assert rows.contribution == tree.StreamContribution(max_days=3, per_day=4)
+    assert money.contribution.max_days == 3
+    assert money.contribution.per_day == 4 * 500 * 2 ** -money.component.grid_exponent
+    assert rows.calibration.sensitivity == tree.node_sensitivity(365, rows.contribution)
+    prof = plan.error_profile()
+    assert [(p["statistic"], p["day"]) for p in prof] == [("orders", 1), ("orders", 30), ("orders", 365),
+                                                          ("revenue", 1), ("revenue", 30), ("revenue", 365)]
+    assert prof[0]["stddev"] < prof[1]["stddev"] < prof[2]["stddev"]
