@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from dp_spark.ledger.dialects import Cursor
-from dp_spark.ledger.schema import CORE_DDL, FINGERPRINTS_DDL, POLICIES_DDL, VERSIONS_DDL
+from dp_spark.ledger.schema import CORE_DDL, FINGERPRINTS_DDL, POLICIES_DDL, STREAM_NODES_DDL, VERSIONS_DDL
 
 __all__ = ["MIGRATIONS", "Migration", "migrate"]
 
@@ -44,6 +44,11 @@ def add_input_fingerprints(cur: Cursor) -> None:
     cur.x(FINGERPRINTS_DDL)
 
 
+def add_stream_nodes(cur: Cursor) -> None:
+    """6: the noisy nodes of streams under continual release (``dp_stream_nodes``)."""
+    cur.x(STREAM_NODES_DDL)
+
+
 @dataclass(frozen=True)
 class Migration:
     number: int
@@ -56,6 +61,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "dp_policies", add_policy_history),
     Migration(3, "dp_versions", add_version_record),
     Migration(4, "dp_fingerprints", add_input_fingerprints),
+    # numbers label the migrations; a migration is due while its table is missing, so a gap
+    # in the numbers (5 is another table's) changes nothing
+    Migration(6, "dp_stream_nodes", add_stream_nodes),
 )
 
 

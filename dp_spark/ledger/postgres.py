@@ -201,6 +201,8 @@ class PostgresLedger(SqlLedger):
                  "WHEN (OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn') "),
             trig("dp_fingerprints_no_change", "BEFORE UPDATE OR DELETE", "dp_fingerprints"),
             trig("dp_fingerprints_no_truncate", "BEFORE TRUNCATE", "dp_fingerprints", "STATEMENT"),
+            trig("dp_stream_nodes_no_change", "BEFORE UPDATE OR DELETE", "dp_stream_nodes"),
+            trig("dp_stream_nodes_no_truncate", "BEFORE TRUNCATE", "dp_stream_nodes", "STATEMENT"),
         )
 
     def _close_connection(self) -> None:

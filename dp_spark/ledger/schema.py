@@ -18,6 +18,9 @@
                 at most one 'current' row per family (a partial unique index)
     dp_fingerprints(release_id PK -> dp_entries, fingerprint, at, mac)
                 the keyed content fingerprint of the input rows a release read (write once)
+    dp_stream_nodes(stream_id -> dp_entries, component, level, idx, value, at, mac)
+                PRIMARY KEY (stream_id, component, level, idx): the noisy value of each
+                completed node of a stream's tree (write once)
 
 Which of them a ledger gets, and when, is :mod:`dp_spark.ledger.migrations`; the guard
 triggers are each store's (:mod:`dp_spark.ledger.sqlite`, :mod:`dp_spark.ledger.postgres`).
@@ -32,6 +35,8 @@ __all__ = [
     "ENTRY_COLS",
     "FINGERPRINTS_DDL",
     "FINGERPRINT_COLS",
+    "STREAM_NODES_DDL",
+    "STREAM_NODE_COLS",
     "IMMUTABLE_ENTRY_COLUMNS",
     "IMMUTABLE_VERSION_COLUMNS",
     "POLICIES_DDL",
@@ -106,6 +111,21 @@ FINGERPRINTS_DDL = """CREATE TABLE IF NOT EXISTS dp_fingerprints (
         mac TEXT NOT NULL
     )"""
 FINGERPRINT_COLS = "release_id, fingerprint, at, mac"
+
+# The noisy value of each completed node of a stream's binary tree (dp_spark.mechanisms.tree),
+# under the stream's ledger entry (its one charge): drawn and stored once, reused by every later
+# point. Written once, MAC'd; never mirrored to Delta, never audited, never shown.
+STREAM_NODES_DDL = """CREATE TABLE IF NOT EXISTS dp_stream_nodes (
+        stream_id TEXT NOT NULL REFERENCES dp_entries (release_id),
+        component TEXT NOT NULL,
+        level INTEGER NOT NULL CHECK (level >= 0),
+        idx BIGINT NOT NULL CHECK (idx >= 0),
+        value TEXT NOT NULL,
+        at TEXT NOT NULL,
+        mac TEXT NOT NULL,
+        PRIMARY KEY (stream_id, component, level, idx)
+    )"""
+STREAM_NODE_COLS = "stream_id, component, level, idx, value, at, mac"
 
 # The tables of the first ledgers (before the policy history and the version record).
 CORE_DDL = (

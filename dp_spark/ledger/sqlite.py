@@ -156,6 +156,8 @@ class SQLiteLedger(SqlLedger):
                    "WHEN OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn' "),
             refuse("dp_fingerprints_no_update", "BEFORE UPDATE", "dp_fingerprints", "fingerprints are written once"),
             refuse("dp_fingerprints_no_delete", "BEFORE DELETE", "dp_fingerprints", "fingerprints are written once"),
+            refuse("dp_stream_nodes_no_update", "BEFORE UPDATE", "dp_stream_nodes", "stream nodes are written once"),
+            refuse("dp_stream_nodes_no_delete", "BEFORE DELETE", "dp_stream_nodes", "stream nodes are written once"),
         )
 
     def _close_connection(self) -> None:

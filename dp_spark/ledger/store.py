@@ -17,7 +17,8 @@ budget row, the chain's tail from the MAC'd head back, the entry it acts on, and
 :class:`~dp_spark.ledger.dialects.SqlDialect` (the store's hooks):
 :mod:`~dp_spark.ledger.bindings`, :mod:`~dp_spark.ledger.history` (policy history),
 :mod:`~dp_spark.ledger.windows` (spend), :mod:`~dp_spark.ledger.audit`,
-:mod:`~dp_spark.ledger.versions`, :mod:`~dp_spark.ledger.fingerprints` (input fingerprints).
+:mod:`~dp_spark.ledger.versions`, :mod:`~dp_spark.ledger.fingerprints` (input fingerprints),
+:mod:`~dp_spark.ledger.streams` (the noisy nodes of streams).
 Budgets, entries, reserve, commit and verify are here.
 
 Nothing here imports pyspark.
@@ -47,6 +48,7 @@ from dp_spark.ledger.audit import AuditLog
 from dp_spark.ledger.bindings import Bindings
 from dp_spark.ledger.dialects import Cursor, Retry
 from dp_spark.ledger.fingerprints import Fingerprints
+from dp_spark.ledger.streams import StreamNodes
 from dp_spark.ledger.history import PolicyHistory
 from dp_spark.ledger.integrity import BudgetRow
 from dp_spark.ledger.keys import KEY_ENV
@@ -179,7 +181,7 @@ def _policy_texts(p: BudgetPolicy) -> tuple:
     )
 
 
-class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Fingerprints, Ledger):
+class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Fingerprints, StreamNodes, Ledger):
     """The ledger over a DB-API connection; subclasses supply the connection and dialect."""
 
     # -- schema ----------------------------------------------------------------------
@@ -639,6 +641,7 @@ class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Finge
             problems.extend(self._audit_problems(cur))
             problems.extend(self._version_problems(cur))
             problems.extend(self._fingerprint_problems(cur))
+            problems.extend(self._stream_node_problems(cur))
             self._raise_problems(problems)
 
         self._run("verify", fn, write=False)
