@@ -353,6 +353,39 @@ def _registered_path(spec, engine) -> Path:
                       "or publish in exploration mode")
 
 
+def _stream_plan_rows(spec, own, whole) -> list[dict[str, Any]]:
+    """The plan of a stream (``stream: {horizon_days, start}``): per statistic its tree (one
+    noise per node, the node vector's sensitivity), the error of the running total at the
+    spec's last declared day, and ``stream_error``: the error at day 1, 30 and 365 of the
+    horizon (those within it). Public parameters only."""
+    from dp_spark.mechanisms import tree
+    from dp_spark.statistics.stream import plan_stream
+
+    sp = plan_stream(spec)
+    profile = sp.error_profile()
+    rows = []
+    for stat, comps in zip(spec.statistics, sp.query.stat_components):
+        part = sp.part_of(stat, comps)
+        cal, unit = part.calibration, float(part.grid_unit)
+        share = sp.query.fractions[sp.query.components.index(part.component)]
+        rows.append({
+            "statistic": stat.name, "kind": stat.kind, "components": [part.name],
+            "share_of_charge": [str(share)], "mechanism": cal.mechanism,
+            "sensitivity_l1": [str(Fraction(cal.sensitivity.l1) * part.grid_unit)],
+            "sensitivity_l2": [cal.sensitivity.l2_squared ** 0.5 * unit],
+            "noise_scale": [float(cal.scale) * unit], "group_size": None,
+            "expected_abs_error": tree.point_expected_abs(sp.days, cal) * unit,
+            "interval_half_width": tree.point_halfwidth(sp.days, cal, spec.confidence) * unit,
+            "cells": spec.cells, "charge": spec.charge.to_json(), "share": str(share),
+            "stream": {"horizon_days": sp.horizon, "start": spec.stream.start, "day": sp.days,
+                       "tree_nodes": len(tree.tree_nodes(sp.horizon)), "levels": tree.levels(sp.horizon)},
+            "stream_error": [{k: r[k] for k in ("day", "nodes", "stddev", "halfwidth")}
+                             for r in profile if r["statistic"] == stat.name],
+            **own(share), **whole,
+        })
+    return rows
+
+
 def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) -> list[dict[str, Any]]:
     """The plan of a multi-statistic spec as rows (one per statistic): what ``dp-spark plan``
     prints. Expected errors come from each kind's own post-processing at noiseless inputs of
@@ -385,6 +418,8 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
 
     whole = {"release_epsilon": None if statement is None else statement.get("epsilon"),
              "release_delta": None if statement is None else statement.get("delta")}
+    if spec.stream is not None:
+        return _stream_plan_rows(spec, own, whole)
     rows = []
     rest = 1 - spec.selection_share if qp.selection is not None else Fraction(1)
     if qp.selection is not None:

@@ -124,6 +124,10 @@ class _LedgerOnUse:
 def plan_for(spec: ReleaseSpec):
     """The release's plan (:func:`dp_spark.statistics.plan.plan_query`), whichever form the spec
     was written in (a single-``metric`` spec runs as its rewrite into statistics)."""
+    if spec.stream is not None:  # running totals through the binary-tree mechanism
+        from dp_spark.statistics.stream import plan_stream
+
+        return plan_stream(spec)
     from dp_spark.statistics.plan import plan_query
 
     return plan_query(spec)
@@ -552,6 +556,8 @@ class Engine:
         policy, plan, snapshot = validated.policy, validated.plan, validated.snapshot
         release_id, path, charge = validated.release_id, validated.path, spec.charge
         self.admit(validated)
+        if spec.stream is not None:
+            return self._publish_stream(validated)
 
         # 1. already released? (cache hit: no charge, no new noise)
         entry = self.ledger.find(release_id)
@@ -659,6 +665,111 @@ class Engine:
                       key=lambda r: (r["statistic"], r["key"]))
         return self._result(spec, release_id, path, status, mine, charge=charged,
                             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
+
+    def _publish_stream(self, validated: ValidatedRelease) -> ReleaseResult:
+        """A stream's point (``stream: {horizon_days, start}``): the running totals through the
+        spec's last date key, from the stream's tree (:mod:`dp_spark.statistics.stream`).
+
+        * the point already written (found by its release id): served, nothing charged;
+        * the stream's ONE ledger entry (id :func:`~dp_spark.statistics.stream.stream_id_for`)
+          is reserved at its first refresh with the charge of the whole horizon; later points
+          charge nothing (a reservation another run holds is charged already: its nodes are
+          shared, written once whoever draws them);
+        * the bounded pass gives the daily increments; every tree node completed by the last
+          day and not stored yet gets one noise draw and its noisy value is stored, write once
+          (a run that lost that race publishes the stored nodes); the point is the sum of the
+          stored nodes of its prefix, so a rerun, a run killed and started again, or a run on
+          a later snapshot publishes the same number;
+        * the point's rows are written insert-if-absent by release id, then the stream's entry
+          is committed (once). Noisy values stay in driver memory until the write commits."""
+        from dp_spark.backends.spark import collect_query_partials, total_where
+        from dp_spark.delta.release_table import (ConcurrentReleaseWrite, ensure_release_table, read_release,
+                                                  release_present, write_release)
+        from dp_spark.statistics.stream import stream_id_for
+
+        spec, plan, snapshot, policy = validated.spec, validated.plan, validated.snapshot, validated.policy
+        release_id, path = validated.release_id, validated.path
+        sid = stream_id_for(spec, self.mode)
+        # 1. this point already written? (a rerun: no charge, no new noise)
+        if release_present(self.spark, path, release_id):
+            self._commit_stream(sid)  # heals a run killed between its write and the commit
+            self._audit(spec, "cache_hit", release_id, None)
+            try:
+                self._version(spec, release_id)
+            finally:
+                self._mirror()
+            return self._stored(spec, release_id, path, "cache_hit")
+        # 2. the stream's one charge, at its first refresh
+        charged: Optional[Budget] = None
+        entry = self.ledger.find(sid)
+        if entry is None:
+            try:
+                reservation = self.ledger.reserve(
+                    spec.budget_id, sid, spec.charge, canonical_json(plan.event), principal=self.principal,
+                    code_version=CODE_VERSION, release_family=spec.family, owner_token=uuid.uuid4().hex,
+                    lease_seconds=self.env.lease_seconds)
+                charged = None if reservation.reused else spec.charge
+            except BudgetExceededError as exc:
+                return self._exhausted(spec, release_id, path, exc, None)
+            except ReleaseConflictError:
+                pass  # another run reserved it a moment ago: charged once, by that run
+        _PROGRESS.reserved = release_id  # from here on a failure's text is withheld (publish)
+        ensure_release_table(self.spark, path)
+        partials_df = validated.partials_df
+        if validated.salt is None:
+            partials_df = self._partials(spec, plan, snapshot, read_or_create_salt(self.env.salt_file))
+        # 3. executors: the daily increments (bounded: each unit's first L0 days, Linf per day)
+        with _stage(self.spark, "bounding+aggregation", release_id), total_where(self.spark, spec.where is not None):
+            partials = collect_query_partials(partials_df, plan.query)
+        # 4. driver: the nodes completed so far, each drawn and stored once; the point
+        with _stage(self.spark, "noise", release_id):
+            noisy: dict[str, dict] = {}
+            for part in plan.parts:
+                true_nodes = plan.completed(part, partials)
+                stored = self.ledger.stream_nodes(sid, part.name)
+                missing = [n for n in sorted(true_nodes) if n not in stored]
+                if missing:
+                    cal = part.calibration
+                    draws = self.source.draw(cal.mechanism, cal.scale, len(missing))
+                    offered = {n: true_nodes[n] + int(z) for n, z in zip(missing, draws)}
+                    del draws
+                    stored = {**stored, **self.ledger.record_stream_nodes(sid, part.name, offered)}
+                    del offered
+                noisy[part.name] = stored
+            del partials
+            cells = plan.cells(noisy)
+            del noisy
+        rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
+        del cells
+        stream_note = {"stream_id": sid, "horizon_days": plan.horizon, "start": spec.stream.start,
+                       "charged": "once, at the stream's first refresh"}
+        for r in rows:
+            r["charge_json"] = json.dumps({**json.loads(r["charge_json"]), "stream": stream_note}, sort_keys=True)
+            r["parallel_composition"] = False  # a unit's rows reach a node of every level
+        # 5. write (insert-if-absent by release id), then the stream's entry is committed
+        with _stage(self.spark, "write", release_id):
+            try:
+                write_release(self.spark, path, rows)
+            except ConcurrentReleaseWrite:  # the same numbers (the same nodes): theirs landed
+                pass
+        self._commit_stream(sid)
+        self._audit(spec, "published", release_id, charged, f"stream {sid}: point {plan.days} of {plan.horizon}")
+        try:
+            self._version(spec, release_id)
+        finally:
+            self._mirror()
+        del rows
+        return self._result(spec, release_id, path, "published", read_release(self.spark, path, release_id),
+                            charge=charged, note=f"stream point {plan.days} of {plan.horizon}")
+
+    def _commit_stream(self, sid: str) -> None:
+        """Commit the stream's ledger entry once one of its points is written (idempotent)."""
+        entry = self.ledger.find(sid)
+        if entry is not None and entry.state != "committed":
+            try:
+                self.ledger.commit(sid, entry.owner_token)
+            except ReleaseConflictError:
+                pass  # a concurrent run took the entry over or committed it meanwhile
 
     def _version(self, spec: ReleaseSpec, release_id: str) -> None:
         """Official releases: make this the family's current version and regenerate its

@@ -149,6 +149,8 @@ def schedule_cost(jobs: list, policies: dict) -> list[ScheduleCost]:
         for spec, schedule in mine:
             per_day = spec.date_key_set is not None
             n = runs_per_window("daily" if per_day else schedule, policy.window)
+            if spec.stream is not None and n is not None:
+                n = 1  # a stream is charged once, at its first refresh, for its whole horizon
             if n is None:
                 unbounded = True
                 items.append((spec.name, None, spec.charge, None))
@@ -275,6 +277,9 @@ def day_spec(spec: ReleaseSpec, day: date) -> ReleaseSpec:
     if iso not in dated.values:
         raise ConfigError(f"{spec.source}: {iso} is outside the declared dates "
                           f"{dated.values[0]}..{dated.values[-1]}")
+    if spec.stream is not None:  # a stream's point reads every day from its start through the day
+        keys = dated.values[:dated.values.index(iso) + 1]
+        return spec.for_keys(keys, name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
     return spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
 
 
@@ -520,7 +525,8 @@ def daily_refresh(engine, spec: ReleaseSpec, day: date, *, republish: bool = Fal
         status = "republished"
         note = (note + "; " if note else "") + f"replaces {prior.release_id} (input version {prior.input_version})"
     log.info("day %s: %s release %s", iso, status, result.release_id[:12])
-    if result.release_id == current_id and status in ("published", "republished", "cache_hit", "healed"):
+    if (result.release_id == current_id and status in ("published", "republished", "cache_hit", "healed")
+            and spec.stream is None):  # a stream's point has no ledger entry of its own to record it under
         _record_fingerprint(engine, dspec, snap, day, current_id, fps)
     return DayResult(
         day=day, release_name=dspec.name, status=status, release_id=result.release_id,

@@ -23,6 +23,7 @@ SHIPPED_SPECS: tuple[str, ...] = (
     "dau_rolling.yaml",
     "orders_by_day_region.yaml",
     "orders_by_found_region.yaml",
+    "revenue_stream.yaml",
     "wau_mau_daily.yaml",
 )
 

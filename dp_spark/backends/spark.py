@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any, Iterator
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -297,6 +297,14 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     cell_name = _free_name(CELL, spec.columns)
     # only what the statistics read: the unit, the key tuple's index and the value columns
     df = df.select(column_ref(unit), cell.alias(cell_name), *[column_ref(v) for v in value_cols])
+    if getattr(spec, "stream", None) is not None:
+        # a stream (one date key: the cell index is the day's, in date order): each unit's rows
+        # on its FIRST L0 days only, so a day added later never changes which earlier days a
+        # unit counts on (dp_spark.statistics.stream); the L0 cut below then keeps them all
+        first = _free_name("dp_first_days", spec.columns)
+        by_unit = Window.partitionBy(column_ref(unit)).orderBy(column_ref(cell_name))
+        df = (df.withColumn(first, F.dense_rank().over(by_unit))
+              .where(F.col(first) <= F.lit(spec.bounds.max_partitions_per_unit)).drop(first))
     if spec.neighbouring is Neighbouring.EVENT:
         # one row in or out must move one row of one cell: the bounding below keeps one row
         # per id, but an added row with an existing id could replace it (L1 = 2)

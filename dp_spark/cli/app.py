@@ -293,6 +293,14 @@ def plan(env: Optional[str], conf: tuple[str, ...], group_size: Optional[int], s
                 # such as a mean's count, is one noisy value paid once and counted in both)
                 mine = sum(Fraction(sh) for sh in r["share_of_charge"])
                 shared = shared or len(r["components"]) > 1
+                if r.get("stream") is not None:  # a running total: its error by day of the horizon
+                    st_ = r["stream"]
+                    days = "; ".join(f"day {e['day']}: stddev {e['stddev']:.4g}, {float(spec.confidence):.0%} "
+                                     f"half-width {e['halfwidth']:.4g}" for e in r["stream_error"])
+                    print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} {percent(mine):>6} of the charge, "
+                          f"running total over {st_['horizon_days']} days from {st_['start']} (charged once, "
+                          f"{st_['tree_nodes']} tree nodes): {days}  <- {comps}")
+                    continue
                 print(f"   {r['statistic']:<16}{r['kind']:<15} {r['mechanism']:<18} {percent(mine):>6} of the charge, "
                       f"at {r['group_size']:,} rows/cell: E|error| {r['expected_abs_error']:.4g}, "
                       f"{float(spec.confidence):.0%} half-width {r['interval_half_width']:.4g}  <- {comps}")

@@ -177,6 +177,8 @@ def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, 
               "confidence": float(1 - alpha),
               "mean_split": None if plan.mean_split is None else float(plan.mean_split)}
     rows: list[dict[str, Any]] = []
+    if spec.stream is not None:
+        return _stream_rows(spec, plan, n, means, common)
     for stat, comps in zip(spec.statistics, plan.stat_components):
         mean = means.get(stat.name)
         noisy = {c: _expected_component(c, n, mean) for c in comps}
@@ -193,6 +195,31 @@ def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, 
                      "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
                      "ci_low": low, "ci_high": high, "clipped": clipped,
                      "halfwidth": h, "rel_halfwidth": h / denom if denom > 0 else math.inf})
+    return rows
+
+
+def _stream_rows(spec: ReleaseSpec, plan, n: int, means: dict[str, Fraction],
+                 common: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stream's rows: the running total of ``n`` rows at the LAST day of its horizon (the
+    point with the most nodes among the days shown; :mod:`dp_spark.mechanisms.tree`)."""
+    from dp_spark.mechanisms import tree
+
+    rows = []
+    for stat, comps in zip(spec.statistics, plan.query.stat_components):
+        part = plan.part_of(stat, comps)
+        cal, unit = part.calibration, float(part.grid_unit)
+        mean = means.get(stat.name)
+        true = _true_value(stat, n, mean)
+        h = tree.point_halfwidth(plan.horizon, cal, spec.confidence) * unit
+        low, high, clipped = _within_range(stat, true - h, true + h)
+        abs_err = tree.point_expected_abs(plan.horizon, cal) * unit
+        denom = abs(true)
+        rows.append({**common, "statistic": stat.name, "kind": stat.kind, "true_value": true,
+                     "assumed_mean": None if mean is None else float(mean), "mechanism": cal.mechanism,
+                     "noise_stddev": tree.point_variance(plan.horizon, cal) ** 0.5 * unit,
+                     "expected_abs_error": abs_err, "expected_rel_error": abs_err / denom if denom > 0 else math.inf,
+                     "ci_low": low, "ci_high": high, "clipped": clipped, "halfwidth": max(high - true, true - low),
+                     "rel_halfwidth": max(high - true, true - low) / denom if denom > 0 else math.inf})
     return rows
 
 

@@ -80,6 +80,7 @@ __all__ = [
     "point_halfwidth",
     "error_profile",
     "chernoff_halfwidth",
+    "point_expected_abs",
 ]
 
 #: the longest declared horizon (ten years of days)
@@ -270,19 +271,29 @@ def point_halfwidth(t: int, cal: TreeCalibration, confidence: Any) -> float:
     return _sum_halfwidth(cal.mechanism, cal.scale, m, 1.0 - c)
 
 
+@functools.lru_cache(maxsize=64)
+def _sum_law(mechanism: str, scale: Fraction, m: int) -> Optional[tuple[int, np.ndarray]]:
+    """(centre, pmf) of the sum of m iid node noises (pmf[centre + x] = P(S = x)), each noise's
+    pmf truncated at tail mass 1e-16; None when its support exceeds 2^22 points."""
+    k = accuracy.noise_halfwidth(mechanism, scale, _TAIL_CUT)
+    length = 2 * m * k + 1
+    if length > _FFT_MAX:
+        return None
+    pmf = accuracy.discrete_laplace_pmf if mechanism == DISCRETE_LAPLACE else accuracy.discrete_gaussian_pmf
+    base = np.asarray(pmf(scale, np.arange(-k, k + 1)), dtype=np.float64)
+    size = 1 << (length - 1).bit_length()
+    p = np.maximum(np.fft.irfft(np.fft.rfft(base, size) ** m, size)[:length], 0.0)
+    return m * k, p
+
+
 @functools.lru_cache(maxsize=1024)
 def _sum_halfwidth(mechanism: str, scale: Fraction, m: int, alpha: float) -> float:
     if m == 1:
         return float(accuracy.noise_halfwidth(mechanism, scale, alpha))
-    k = accuracy.noise_halfwidth(mechanism, scale, _TAIL_CUT)
-    length = 2 * m * k + 1
-    if length <= _FFT_MAX:
-        pmf = accuracy.discrete_laplace_pmf if mechanism == DISCRETE_LAPLACE else accuracy.discrete_gaussian_pmf
-        base = np.asarray(pmf(scale, np.arange(-k, k + 1)), dtype=np.float64)
-        size = 1 << (length - 1).bit_length()
-        p = np.maximum(np.fft.irfft(np.fft.rfft(base, size) ** m, size)[:length], 0.0)
-        # P(|S| > h) for h = 0 .. m k: the two tails from the centre (index m k)
-        centre = m * k
+    law = _sum_law(mechanism, scale, m)
+    if law is not None:
+        centre, p = law
+        # P(|S| > h) for h = 0 .. m k: the two tails from the centre
         upper = np.cumsum(p[::-1])[::-1]  # upper[i] = P(S >= i - centre)
         tails = 2.0 * upper[centre + 1:]  # tails[h] = P(|S| > h), the law being symmetric
         budget = alpha - m * _TAIL_CUT - 1e-10
@@ -291,6 +302,18 @@ def _sum_halfwidth(mechanism: str, scale: Fraction, m: int, alpha: float) -> flo
             if ok.size:
                 return float(ok[0])
     return chernoff_halfwidth(mechanism, float(scale), m, alpha)
+
+
+def point_expected_abs(t: int, cal: TreeCalibration) -> float:
+    """E|S~_t - S_t| (grid units): from the exact law of the sum of the point's node noises
+    when affordable, else the normal approximation sqrt(2 / pi) x stddev (the sum of several
+    iid noises; never above the stddev)."""
+    m = len(prefix_nodes(t, cal.horizon))
+    law = _sum_law(cal.mechanism, cal.scale, m)
+    if law is None:
+        return math.sqrt(2.0 / math.pi * point_variance(t, cal))
+    centre, p = law
+    return float(np.dot(np.abs(np.arange(len(p)) - centre), p))
 
 
 def chernoff_halfwidth(mechanism: str, t: float, m: int, alpha: float) -> float:

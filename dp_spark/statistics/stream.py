@@ -111,10 +111,18 @@ class StreamPlan:
     horizon: int
     start: date
 
-    # what the engine reads of a plan
+    # what the engine and the bounded pass read of a plan
     @property
     def spec(self):
         return self.query.spec
+
+    @property
+    def components(self) -> tuple:
+        return self.query.components
+
+    @property
+    def selection(self) -> None:
+        return None
 
     @property
     def mean_split(self) -> None:
@@ -167,12 +175,17 @@ class StreamPlan:
             nodes = noisy_nodes[part.name]
             total = sum(nodes[node] for node in tree.prefix_nodes(n, self.horizon))
             unit = part.grid_unit
-            h = Fraction(tree.point_halfwidth(n, part.calibration, spec.confidence)).limit_denominator(1)
-            value = Fraction(total) * unit
-            sd = tree.point_variance(n, part.calibration) ** 0.5 * float(unit)
+            cal = part.calibration
+            h = int(tree.point_halfwidth(n, cal, spec.confidence))
+            value, lo, hi = (Fraction(v) * unit for v in (total, total - h, total + h))
+            if stat.kind == "count":  # a running count is never negative (post-processing)
+                zero = Fraction(0)
+                value, lo, hi = max(value, zero), max(lo, zero), max(hi, zero)
             out.append({"statistic": stat.name, "key": key, "keys": {column: key},
-                        "value": float(value), "ci_low": float(value - h * unit), "ci_high": float(value + h * unit),
-                        "noise_stddev": sd, "mechanism": part.calibration.mechanism})
+                        "value": float(value), "ci_low": float(lo), "ci_high": float(hi),
+                        "mechanism": cal.mechanism, "noise_scale": float(cal.scale * unit),
+                        "noise_stddev": tree.point_variance(n, cal) ** 0.5 * float(unit),
+                        "grid": float(unit), "expected_abs_error": tree.point_expected_abs(n, cal) * float(unit)})
         return out
 
     def error_profile(self) -> list[dict[str, Any]]:

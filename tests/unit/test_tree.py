@@ -219,3 +219,13 @@ def test_error_profile_days():
     assert prof[0]["stddev"] < prof[1]["stddev"] < prof[2]["stddev"]
     assert [p["day"] for p in tree.error_profile(tree.calibrate(90, tree.distinct_units_contribution(), PureDP(1)),
                                                  0.95)] == [1, 30]
+
+
+def test_expected_abs_error_of_a_point():
+    cal = tree.TreeCalibration(64, "discrete_laplace", Fraction(3), tree.NodeSensitivity(1, 1))
+    # one node: E|X| of the discrete Laplace, summed directly
+    x = np.arange(-400, 401)
+    assert tree.point_expected_abs(1, cal) == pytest.approx(
+        float(np.dot(np.abs(x), accuracy.discrete_laplace_pmf(Fraction(3), x))), rel=1e-9)
+    sd = tree.point_variance(63, cal) ** 0.5
+    assert 0.7 * sd < tree.point_expected_abs(63, cal) < sd
