@@ -283,6 +283,12 @@ def _spec_json(spec: Any) -> dict[str, Any]:
                          for k in spec.key_sets]
         d["where"] = spec.where
         d["key_tuples"] = None if spec.table_key_sets else spec.cells
+        if getattr(spec, "stream", None) is not None:  # running totals, one charge for the horizon
+            from dp_spark.statistics.stream import plan_stream
+
+            d["stream"] = {"horizon_days": spec.stream.horizon_days, "start": spec.stream.start,
+                           "parallel_composition": False, "error": plan_stream(spec).error_profile()}
+            d["parallel_composition"] = False
         if spec.private_key_sets and not spec.table_key_sets:
             # public parameters of the private key selection only: which keys were selected is
             # in the release table, never how many units they have
@@ -368,6 +374,10 @@ def privacy_statement(
     all_entries = {bid: list(ledger.entries(bid)) for bid in budget_ids}
     fam_entries = {bid: [e for e in es if e.release_family == family] for bid, es in all_entries.items()}
     entry_of = {e.release_id: e for es in fam_entries.values() for e in es}
+    for r in rels:  # a stream's points are charged by the stream's one entry (charge_json names it)
+        sid = _stream_id_of(r)
+        if sid is not None and sid in entry_of:
+            entry_of.setdefault(r["release_id"], entry_of[sid])
     t_now = _clock_now(ledger, now)
     # releases of other live runs, seen half-way: in the table, not versioned yet
     pending = {r["release_id"]: why for r in rels
@@ -601,6 +611,33 @@ def _st(d: Optional[Mapping[str, Any]]) -> str:
     return f"epsilon={float(d['epsilon']):.4g}, delta={float(d['delta']):.3g}"
 
 
+def _stream_id_of(rel: Mapping[str, Any]) -> Optional[str]:
+    """The stream a release row's point belongs to (its charge_json's ``stream.stream_id``), or None."""
+    try:
+        stream = json.loads(rel.get("charge_json") or "{}").get("stream")
+    except (TypeError, ValueError):
+        return None
+    return stream.get("stream_id") if isinstance(stream, dict) else None
+
+
+def streams_paragraph(queries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The statement's section on running totals published under continual release."""
+    streams = [q for q in queries if q.get("stream")]
+    if not streams:
+        return []
+    out = ["## Running totals (continual release)", ""]
+    for q in streams:
+        st = q["stream"]
+        out.append(f"- `{q['name']}` publishes running totals from {st['start']} over a horizon of "
+                   f"{st['horizon_days']} days through the binary-tree mechanism: the whole horizon is charged "
+                   "once, at the first refresh, and every day's point reuses noises stored once. Error "
+                   f"(noise stddev; {float(Fraction(q['confidence'])):.0%} half-width) by day of the horizon:")
+        for e in st["error"]:
+            out.append(f"  - {e['statistic']}, day {e['day']}: {e['stddev']:.4g}; {e['halfwidth']:.4g}")
+    out.append("")
+    return out
+
+
 def intervals_paragraph(queries: Sequence[Mapping[str, Any]]) -> list[str]:
     """The statement's section on what an interval promises over a whole chart (multiplicity),
     and the simultaneous bands of the queries that publish them: Markdown lines."""
@@ -697,6 +734,8 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
                 f"alone creates is published with probability at most delta = {sel['delta']:.3g}. "
                 "Unselected keys leave no trace.")
             add("")
+    for line in streams_paragraph(d["queries"]):
+        add(line)
     for line in intervals_paragraph(d["queries"]):
         add(line)
     add("## Mechanisms")

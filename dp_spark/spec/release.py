@@ -619,7 +619,9 @@ class _SpecBase(SpecModel):
         l0 = b.max_partitions_per_unit
         if not key_sets and l0 != 1:
             err(("bounds", "max_partitions_per_unit"), "must be 1 without group_by")
-        if not any(isinstance(k, TableKeys) for k in key_sets):  # else capped when the keys are read
+        if getattr(self, "stream", None) is not None:  # a stream's days: its horizon, whatever is declared yet
+            l0 = min(l0, self.stream.horizon_days)
+        elif not any(isinstance(k, TableKeys) for k in key_sets):  # else capped when the keys are read
             l0 = min(l0, n_keys)  # a unit cannot touch more cells (key tuples) than exist
         if neighbouring == Neighbouring.EVENT and (b.max_rows_per_unit != 1 or l0 != 1
                                                    or (b.max_rows_per_partition or 1) != 1):

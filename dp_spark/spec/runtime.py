@@ -449,6 +449,8 @@ class ReleaseSpec:
         out = replace(self, key_sets=tuple(key_sets), name=f"{self.name}{name_suffix}")
         if len(key_sets) == 1:
             out = replace(out, group_by=key_sets[0])
+        if self.stream is not None:  # a stream's trees are calibrated over its horizon: every point alike
+            return out
         # with rolling windows a unit has (day, window) cells: one per window length and day
         l0 = min(self.bounds.max_partitions_per_unit, out.cells * len(out.windows))
         return replace(out, bounds=replace(self.bounds, max_partitions_per_unit=l0))

@@ -84,3 +84,17 @@ def test_the_stream_plan_is_one_charge_for_the_horizon():
     assert [(p["statistic"], p["day"]) for p in prof] == [("orders", 1), ("orders", 30), ("orders", 365),
                                                           ("revenue", 1), ("revenue", 30), ("revenue", 365)]
     assert prof[0]["stddev"] < prof[1]["stddev"] < prof[2]["stddev"]
+
+
+def test_every_day_of_a_stream_is_the_same_stream_with_the_same_trees():
+    from dp_spark.schedule import day_spec
+    from dp_spark.statistics.stream import plan_stream, stream_id_for
+
+    spec = release_spec_from_dict(_spec(), run_date=RUN)
+    later = release_spec_from_dict(_spec(), run_date=date(2027, 3, 1))  # more dates declared
+    days = [day_spec(s, d) for s in (spec, later) for d in (date(2026, 11, 1), date(2026, 11, 2), date(2026, 11, 10))]
+    assert len({stream_id_for(d, "official") for d in days}) == 1
+    assert len({stream_id_for(d, "exploration") for d in days[:1]} | {stream_id_for(days[0], "official")}) == 2
+    assert len({plan_stream(d).event for d in days}) == 1  # same scales, same charge, whatever the day
+    assert [d.keys[-1] for d in days[:3]] == ["2026-11-01", "2026-11-02", "2026-11-10"]
+    assert len(days[2].keys) == 10 and days[0].bounds.max_partitions_per_unit == 3
