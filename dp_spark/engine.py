@@ -667,8 +667,10 @@ class Engine:
                             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
 
     def _publish_stream(self, validated: ValidatedRelease) -> ReleaseResult:
-        """A stream's point (``stream: {horizon_days, start}``): the running totals through the
-        spec's last date key, from the stream's tree (:mod:`dp_spark.statistics.stream`).
+        """A stream's points (``stream: {horizon_days, start}``): the running totals through each
+        of the spec's date keys (a daily refresh's spec: start .. the day; the earlier days'
+        totals are those already published: sums of the same stored nodes), from the stream's
+        tree (:mod:`dp_spark.statistics.stream`).
 
         * the point already written (found by its release id): served, nothing charged;
         * the stream's ONE ledger entry (id :func:`~dp_spark.statistics.stream.stream_id_for`)

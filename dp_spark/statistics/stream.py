@@ -162,30 +162,32 @@ class StreamPlan:
         raise DpSparkError("internal: a stream statistic without its component")
 
     def cells(self, noisy_nodes: Mapping[str, Mapping[tuple[int, int], int]]) -> list[dict[str, Any]]:
-        """The cells of day n: per statistic, the running total from the stored noisy nodes
-        (``noisy_nodes``: component name -> node -> noisy value, grid units), its interval at the
-        spec's confidence, and the stddev. Driver memory only."""
+        """The cells of days 1 .. n (every date key of the release): per statistic, the running
+        total through the day from the stored noisy nodes (``noisy_nodes``: component name ->
+        node -> noisy value, grid units), its interval at the spec's confidence, its stddev. A
+        day's total is the same in every release that holds it (the same stored nodes). Driver
+        memory only."""
         spec = self.spec
-        n = self.days
-        key = spec.key_sets[0].values[-1]
+        keys = spec.key_sets[0].values
         column = spec.key_sets[0].column
         out = []
         for stat, comps in zip(spec.statistics, self.query.stat_components):
             part = self.part_of(stat, comps)
             nodes = noisy_nodes[part.name]
-            total = sum(nodes[node] for node in tree.prefix_nodes(n, self.horizon))
             unit = part.grid_unit
             cal = part.calibration
-            h = int(tree.point_halfwidth(n, cal, spec.confidence))
-            value, lo, hi = (Fraction(v) * unit for v in (total, total - h, total + h))
-            if stat.kind == "count":  # a running count is never negative (post-processing)
-                zero = Fraction(0)
-                value, lo, hi = max(value, zero), max(lo, zero), max(hi, zero)
-            out.append({"statistic": stat.name, "key": key, "keys": {column: key},
-                        "value": float(value), "ci_low": float(lo), "ci_high": float(hi),
-                        "mechanism": cal.mechanism, "noise_scale": float(cal.scale * unit),
-                        "noise_stddev": tree.point_variance(n, cal) ** 0.5 * float(unit),
-                        "grid": float(unit), "expected_abs_error": tree.point_expected_abs(n, cal) * float(unit)})
+            for t, key in enumerate(keys, start=1):
+                total = sum(nodes[node] for node in tree.prefix_nodes(t, self.horizon))
+                h = int(tree.point_halfwidth(t, cal, spec.confidence))
+                value, lo, hi = (Fraction(v) * unit for v in (total, total - h, total + h))
+                if stat.kind == "count":  # a running count is never negative (post-processing)
+                    zero = Fraction(0)
+                    value, lo, hi = max(value, zero), max(lo, zero), max(hi, zero)
+                out.append({"statistic": stat.name, "key": key, "keys": {column: key},
+                            "value": float(value), "ci_low": float(lo), "ci_high": float(hi),
+                            "mechanism": cal.mechanism, "noise_scale": float(cal.scale * unit),
+                            "noise_stddev": tree.point_variance(t, cal) ** 0.5 * float(unit), "grid": float(unit),
+                            "expected_abs_error": tree.point_expected_abs(t, cal) * float(unit)})
         return out
 
     def error_profile(self) -> list[dict[str, Any]]:
