@@ -305,6 +305,11 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         by_unit = Window.partitionBy(column_ref(unit)).orderBy(column_ref(cell_name))
         df = (df.withColumn(first, F.dense_rank().over(by_unit))
               .where(F.col(first) <= F.lit(spec.bounds.max_partitions_per_unit)).drop(first))
+        if any(c.kind == "units" for c in plan.components):
+            # distinct units ever seen: each unit counted once, on its first day (before the row
+            # cuts, so a later day's rows never move it)
+            first_seen = (df.groupBy(column_ref(unit)).agg(F.min(column_ref(cell_name)).alias(CELL))
+                          .groupBy(CELL).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units")))
     if spec.neighbouring is Neighbouring.EVENT:
         # one row in or out must move one row of one cell: the bounding below keeps one row
         # per id, but an added row with an existing id could replace it (L1 = 2)
@@ -353,11 +358,16 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     # the K cut can drop a whole (unit, cell) pair only when it binds below L0 x Linf'
     l0_eff = min(b.max_partitions_per_unit, cells) if not private else b.max_partitions_per_unit
     pairs_cut = units and b.max_rows_per_unit < l0_eff * min(linf or b.max_rows_per_unit, b.max_rows_per_unit)
+    stream_units = getattr(spec, "stream", None) is not None and units
+    if stream_units:
+        units = pairs_cut = False  # counted on each unit's first day (above), joined below
     if units and not pairs_cut:
         final.append(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
     # schema: dp_cell: long (public keys only) or struct<p: long, k0: string, ...>, then one
     # long per partial column
     partials = per_unit.groupBy(CELL).agg(*final) if final else None
+    if stream_units:
+        partials = first_seen if partials is None else partials.join(first_seen, on=CELL, how="full_outer")
     if pairs_cut:
         pair_l0 = min(l0_eff, b.max_rows_per_unit)
         counted = _units_per_cell(before_rows_cut, unit, cell_name,

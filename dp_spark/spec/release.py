@@ -406,7 +406,7 @@ class ConfidenceModel(SpecModel):
 
 
 #: the statistic kinds a stream publishes as running totals
-STREAM_KINDS = ("count", "sum")
+STREAM_KINDS = ("count", "distinct_units", "sum")
 
 
 class StreamModel(SpecModel):

@@ -3,7 +3,7 @@ binary-tree mechanism (:mod:`dp_spark.mechanisms.tree`), one charge for the whol
 
 ::
 
-    spec (dates start .. d, statistics count / sum)
+    spec (dates start .. d, statistics count / sum / distinct_units)
       -> QueryPlan of the bounded pass (the partials per day: the daily increments)
       -> per component (rows, sum): its share of the charge (the release's split), the unit's
          contribution to the stream from the enforced bounds, the tree calibrated for the
@@ -15,7 +15,8 @@ A unit's contribution to the stream (grid units), derived from the enforced boun
 typed: it touches at most L0 days (the engine keeps each unit's rows on its FIRST L0 days of
 the stream, so a later day never changes which earlier days it counts on), each by at most the
 per-cell sensitivity of the component with L0 = 1 (count: min(K, Linf); sum: that times
-max(|lower|, |upper|)). The total bound K is not used: a node is frozen when it completes and
+max(|lower|, |upper|)); "distinct units ever seen" counts each unit once, on its first day of
+the stream (before the row cuts): one day, 1 (:func:`tree.distinct_units_contribution`). The total bound K is not used: a node is frozen when it completes and
 the rows kept before and after need not be the same K rows.
 
 Why noisy node values are stored, not only the noises: a node's value is fixed when it
@@ -155,7 +156,7 @@ class StreamPlan:
 
     def part_of(self, stat, comps) -> StreamPart:
         """The part whose running total the statistic publishes (count: rows; sum: the sum)."""
-        want = "sum" if stat.kind == "sum" else "rows"
+        want = {"sum": "sum", "distinct_units": "units"}.get(stat.kind, "rows")
         for p in self.parts:
             if p.component in comps and p.component.kind == want:
                 return p
@@ -180,7 +181,7 @@ class StreamPlan:
                 total = sum(nodes[node] for node in tree.prefix_nodes(t, self.horizon))
                 h = int(tree.point_halfwidth(t, cal, spec.confidence))
                 value, lo, hi = (Fraction(v) * unit for v in (total, total - h, total + h))
-                if stat.kind == "count":  # a running count is never negative (post-processing)
+                if stat.kind in ("count", "distinct_units"):  # a running count is never negative (post-processing)
                     zero = Fraction(0)
                     value, lo, hi = max(value, zero), max(lo, zero), max(hi, zero)
                 out.append({"statistic": stat.name, "key": key, "keys": {column: key},
@@ -204,7 +205,8 @@ class StreamPlan:
 def plan_stream(spec) -> StreamPlan:
     """The stream's plan (no data read). Refuses a spec without ``stream``.
 
-    Components: a ``count`` reads the rows, a ``sum`` the plain clamped sum (one tree each;
+    Components: a ``count`` reads the rows, a ``sum`` the plain clamped sum, ``distinct_units``
+    the units counted on their first day (one tree each;
     statistics that read the same component share it). Split: ``weight`` when given, else equal
     shares per statistic; a shared component receives the sum of its statistics' shares."""
     if spec.stream is None:
@@ -216,8 +218,10 @@ def plan_stream(spec) -> StreamPlan:
             c = Component("rows")
         elif stat.kind == "sum":
             c = Component("sum", clamp=stat.clamp)
+        elif stat.kind == "distinct_units":  # units ever seen, each on its first day
+            c = Component("units")
         else:
-            raise ConfigError(f"{spec.source}: a stream publishes running totals of counts and sums only")
+            raise ConfigError(f"{spec.source}: a stream publishes running totals of counts, sums and distinct units only")
         per_stat.append((c,))
         if c not in comps:
             comps.append(c)
@@ -235,7 +239,8 @@ def plan_stream(spec) -> StreamPlan:
     parts = []
     for comp, frac in zip(comps, fractions):
         share = charge_share(spec.charge, frac)
-        contribution = stream_contribution(comp, spec.bounds, spec.neighbouring, horizon)
+        contribution = (tree.distinct_units_contribution() if comp.kind == "units"
+                        else stream_contribution(comp, spec.bounds, spec.neighbouring, horizon))
         parts.append(StreamPart(component=comp, share=share, contribution=contribution,
                                 calibration=tree.calibrate(horizon, contribution, share)))
     return StreamPlan(query=query, parts=tuple(parts), horizon=horizon,

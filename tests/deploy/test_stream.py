@@ -66,6 +66,7 @@ def test_daily_refreshes_charge_once_and_publish_the_running_totals(spark, deplo
     # (one release of all 30 days) keeps the same rows
     data = _stream_data(bounds={"max_partitions_per_unit": 31, "max_rows_per_partition": 5,
                                 "max_rows_per_unit": 155})
+    data["statistics"] = data["statistics"] + [{"name": "buyers", "kind": "distinct_units"}]
     spec = register(deploy_env, "revenue_stream", data)
     eng = local_engine(spark, deploy_env, source=ZeroNoise())
     results = [daily_refresh(eng, spec, d) for d in D]
@@ -88,7 +89,16 @@ def test_daily_refreshes_charge_once_and_publish_the_running_totals(spark, deplo
         running = list(itertools.accumulate(daily[(d.isoformat(), stat)] for d in D))
         assert [_values(r)[stat] for r in results] == pytest.approx(running, rel=0, abs=1e-6)
         assert running[-1] > running[0] > 0
-    assert all([row["key"] for row in r.rows] == [d.isoformat()] * 2 for r, d in zip(results, D))
+    assert all([row["key"] for row in r.rows] == [d.isoformat()] * 3 for r, d in zip(results, D))
+    # distinct users ever seen: each counted on their first day with an order
+    from pyspark.sql import functions as F
+
+    from dp_spark.config import load_env
+
+    events = spark.read.format("delta").load(load_env(deploy_env).datasets["demo_events"])
+    seen = [events.where(F.col("order_value").isNotNull() & (F.col("day") <= F.lit(d)))
+            .select("user_id").distinct().count() for d in D]
+    assert [_values(r)["buyers"] for r in results] == seen and seen[-1] > seen[0] > 0
     # a rerun of any day: served, nothing charged, the same numbers
     again = daily_refresh(local_engine(spark, deploy_env, source=ZeroNoise()), spec, D[3])
     assert again.status == "cache_hit" and again.charge is None and again.rows == results[3].rows

@@ -45,7 +45,8 @@ def test_a_stream_spec_is_read():
     ({"stream": {"horizon_days": 365, "start": "2026-11-02"}}, "stream.start"),
     ({"stream": {"horizon_days": 5, "start": "2026-11-01"}}, "stream.horizon_days"),
     ({"stream": {"horizon_days": 0, "start": "2026-11-01"}}, "stream.horizon_days"),
-    ({"statistics": [{"name": "users", "kind": "distinct_units"}]}, "statistics"),
+    ({"statistics": [{"name": "aov", "kind": "mean", "column": "order_value", "lower": 0, "upper": 500}]},
+     "statistics"),
     ({"statistics": [{"name": "orders", "kind": "count", "window": {"days": 7}}]}, "statistics"),
     ({"group_by": {"column": "region", "public_keys": {"values": ["a", "b"]}}}, "stream"),
     ({"min_group_size": 5}, "min_group_size"),
@@ -98,3 +99,13 @@ def test_every_day_of_a_stream_is_the_same_stream_with_the_same_trees():
     assert len({plan_stream(d).event for d in days}) == 1  # same scales, same charge, whatever the day
     assert [d.keys[-1] for d in days[:3]] == ["2026-11-01", "2026-11-02", "2026-11-10"]
     assert len(days[2].keys) == 10 and days[0].bounds.max_partitions_per_unit == 3
+
+
+def test_distinct_units_ever_seen_move_one_per_level():
+    from dp_spark.mechanisms import tree
+    from dp_spark.statistics.stream import plan_stream
+
+    spec = release_spec_from_dict(_spec(statistics=[{"name": "buyers", "kind": "distinct_units"}]), run_date=RUN)
+    (part,) = plan_stream(spec).parts
+    assert part.component.kind == "units" and part.contribution == tree.distinct_units_contribution()
+    assert part.calibration.sensitivity == tree.NodeSensitivity(l1=9, l2_squared=9)  # 9 levels for 365 days
