@@ -380,12 +380,13 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
     """The partials of the cells whose private key tuple passes the noisy threshold (see
     :mod:`dp_spark.statistics.selection`), with the tuple's noisy count (``dp_sel``) for the
     driver's per-column limit. Same bounded data as the partials (one query: Spark reuses the
-    bounding's shuffle). The noise is drawn on the executors by OpenDP's exact sampler; the
+    bounding's shuffle). The noise (discrete Laplace or Gaussian, ``sel.mechanism``) is drawn on
+    the executors by OpenDP's exact sampler; the
     noisy counts are never logged and never published."""
     from dp_spark.statistics.selection import keep_over_threshold
 
     names = [f"{PRIV}{j}" for j in range(len(sel.columns))]
-    scale, threshold = sel.scale, sel.threshold
+    scale, threshold, mechanism = sel.scale, sel.threshold, sel.mechanism
     # schema: k0.. string, unit -- one row per (private tuple, unit): each unit adds 1 to at
     # most m tuples. Then per tuple: dp_n long, the number of distinct units.
     pairs = per_unit.select(*[F.col(f"{CELL}.{n}").alias(n) for n in names], column_ref(unit)).distinct()
@@ -397,7 +398,7 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
         import pandas as pd
 
         for pdf in batches:
-            noisy = keep_over_threshold(pdf["dp_n"].tolist(), scale, threshold)
+            noisy = keep_over_threshold(pdf["dp_n"].tolist(), scale, threshold, mechanism=mechanism)
             keep = [v is not None for v in noisy]
             out = pdf.loc[keep, names].copy()
             out[SEL] = pd.Series([v for v in noisy if v is not None], index=out.index, dtype="int64")
