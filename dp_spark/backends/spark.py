@@ -532,12 +532,13 @@ def noisy_release_frame(df: DataFrame, plan, source, batch: int = STREAM_BATCH) 
     driver: the caller writes the frame (one Delta commit).
 
     ``df``: the partials (``dp_cell`` and the partial longs, as for :func:`collect_query_partials`).
-    The grid's cell indices (``range(cells)``) are joined with them and range-partitioned into
-    contiguous sorted slices of at most ``batch`` cells; each slice runs
+    The grid's cell indices (``range(cells)``) are joined with them and partitioned by slices of
+    ``batch`` consecutive cells, sorted; each Arrow batch of a partition runs
     :meth:`~dp_spark.statistics.plan.QueryPlan.noise` -- the same code, the same exact samplers
     and grids and the same post-processing as the driver path -- with
     ``source.for_batch(first cell)`` (OpenDP's sampler on the executor's OS CSPRNG; a seeded
-    test source derives one stream per slice, so a seeded release is reproducible). The true
+    test source derives one stream per Arrow batch -- disjoint runs of cells, so distinct first
+    cells -- and a seeded release is reproducible). The true
     partials exist only inside the task; only noisy values leave it. A retried task draws
     again, and only the attempt Spark commits reaches the table."""
     import numpy as np
@@ -555,7 +556,10 @@ def noisy_release_frame(df: DataFrame, plan, source, batch: int = STREAM_BATCH) 
     joined = (grid.join(parts, on=CELL, how="left")
               .select(CELL, F.coalesce(F.col(present), F.lit(False)).alias(present),
                       *[F.coalesce(F.col(c), F.lit(0)).cast(T.LongType()).alias(c) for c in names])
-              .repartitionByRange(max(1, -(-n // batch)), F.col(CELL)).sortWithinPartitions(CELL))
+              # slices of ``batch`` consecutive cells, hashed to partitions (no sampling job, as a
+              # range partitioning would run over the whole aggregation), sorted inside each
+              .repartition(max(1, -(-n // batch)), F.floor(F.col(CELL) / F.lit(batch)))
+              .sortWithinPartitions(CELL))
     key_sets = spec.key_sets
     k = len(key_sets)
     out_schema = T.StructType([T.StructField(f, t, True) for f, t in NOISY_CELL_FIELDS]
