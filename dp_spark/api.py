@@ -38,6 +38,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from dp_spark.core.budget import ZCDP, PureDP
+from dp_spark.core.events import LAPLACE
 from dp_spark.errors import ConfigError
 
 __all__ = ["release", "dates", "private", "ReleaseBuilder", "plan_table", "schema_reference"]
@@ -48,13 +49,16 @@ def dates(start: Union[str, date], end: Union[str, date]) -> dict[str, Any]:
     return {"dates": {"start": str(start), "end": str(end)}}
 
 
-def private(max_keys: int, *, share: Optional[float] = None) -> dict[str, Any]:
+def private(max_keys: int, *, share: Optional[float] = None, mechanism: Optional[str] = None) -> dict[str, Any]:
     """Keys of a group-by column found privately from the data (at most ``max_keys`` values
-    published; ``share`` of the charge spent on selecting them, 1/4 by default): the release
+    published; ``share`` of the charge spent on selecting them, 1/4 by default; ``mechanism``
+    the threshold's noise, laplace by default, gaussian or cheaper under zcdp): the release
     then spends delta too (``charge(..., delta=...)``). ``by(region=private(500))``."""
     pk: dict[str, Any] = {"max_keys": max_keys}
     if share is not None:
         pk["share"] = share
+    if mechanism is not None:
+        pk["mechanism"] = mechanism
     return {"private_keys": pk}
 
 
@@ -427,9 +431,13 @@ def plan_table(spec, *, group_size: Optional[int] = None, budget_policy=None) ->
         # private key selection: which keys get published, and how many units they need
         rows.append({
             "statistic": "key_selection", "kind": "private_keys", "components": list(sel.columns),
-            "share_of_charge": [str(spec.selection_share)], "mechanism": "discrete_laplace (thresholded)",
-            "sensitivity_l1": [str(sel.sensitivity)], "sensitivity_l2": [None],
-            "noise_scale": [float(sel.scale)], "epsilon_selection": float(sel.epsilon),
+            "share_of_charge": [str(spec.selection_share)], "mechanism": f"{sel.mechanism} (thresholded)",
+            "sensitivity_l1": [str(sel.sensitivity) if sel.mechanism == LAPLACE else None],
+            "sensitivity_l2": [None if sel.mechanism == LAPLACE else float(sel.sensitivity) ** 0.5],
+            "noise_scale": [float(sel.scale)],
+            "epsilon_selection": None if sel.epsilon is None else float(sel.epsilon),
+            # every selection the charge can pay for (both under zCDP), the chosen one included
+            "selection_alternatives": [a.summary() for a in sel.alternatives],
             "delta_selection": float(sel.delta), "threshold_units": sel.threshold,
             "units_for_even_odds": sel.count_for(0.5), "units_for_95_percent": sel.count_for(0.95),
             "max_keys": list(sel.max_keys),

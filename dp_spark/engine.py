@@ -612,11 +612,34 @@ class Engine:
 
         # 4. executors: bounding and partials; only O(keys) rows come back. Meanwhile the
         # driver resolves the release table's Delta state, where the write below looks its key up
-        from dp_spark.backends.spark import collect_query_partials
+        from dp_spark.backends.spark import collect_query_partials, total_where
         from dp_spark.delta.release_table import prepare_release_write
 
         prepare = alongside(prepare_release_write, self.spark, path, name=f"dp_spark-prepare-{release_id[:12]}")
-        from dp_spark.backends.spark import total_where
+        if self.noise_on_executors(spec):
+            # a large release of public keys: noised on the executors and written straight to
+            # Delta (one commit); no partial and no noisy value comes to the driver
+            with prepare, _stage(self.spark, "bounding+aggregation+noise+write", release_id), \
+                    total_where(self.spark, spec.where is not None):
+                stored = self._write_frame_once(path, release_id, spec, plan, policy, snapshot, partials_df,
+                                                owner, fresh=not reservation.reused)
+            self._commit_if_owner(release_id, owner)
+            if stored is not None:
+                self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
+                return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
+                                    note="a concurrent run published it")
+            status = "degraded" if _degraded_from else "published"
+            detail = f"degraded from {_degraded_from}" if _degraded_from else ""
+            detail = (detail + "; " if detail else "") + "noised on the executors"
+            self._audit(spec, status, release_id, charged, detail)
+            try:
+                self._version(spec, release_id)
+            finally:
+                self._mirror()
+            n_cells = spec.cells * len(spec.statistics)
+            return self._result(spec, release_id, path, status, (), charge=charged,
+                                note=f"{n_cells} cells noised on the executors and written to {path}: read them "
+                                     "from the release table (they never came to the driver)")
 
         with prepare, _stage(self.spark, "bounding+aggregation", release_id), \
                 total_where(self.spark, spec.where is not None):
@@ -888,6 +911,12 @@ class Engine:
         raise exc
 
     def _rows(self, spec, plan, policy, release_id, snapshot, cells) -> list[dict[str, Any]]:
+        common = self._common(spec, plan, policy, release_id, snapshot)
+        # each cell carries ``keys``: {column: key} ({} for the global cell)
+        return [{**common, **c} for c in cells]
+
+    def _common(self, spec, plan, policy, release_id, snapshot) -> dict[str, Any]:
+        """The fields every row of a release shares (its metadata; no value of any cell)."""
         now = self.clock().replace(tzinfo=None)
         statement = _statement(spec, policy)
         charge = spec.charge
@@ -914,8 +943,61 @@ class Engine:
             "input_table_id": snapshot.table_id, "input_version": snapshot.version,
             "code_version": CODE_VERSION, "created_at": now,
         }
-        # each cell carries ``keys``: {column: key} ({} for the global cell)
-        return [{**common, **c} for c in cells]
+        return common
+
+    def noise_on_executors(self, spec: ReleaseSpec) -> bool:
+        """Whether ``spec`` is noised on the executors: a release of public keys (no windows, no
+        ``min_group_size``) with at least the env's ``executor_noise_cells`` cells (key tuples x
+        statistics). Below it (and for the other releases) the partials are streamed to the
+        driver and noised there, as before. Either way the same samplers, grids and
+        post-processing: the published cells have the same distribution."""
+        from dp_spark.backends.spark import executor_noise_supported
+
+        threshold = getattr(self.env, "executor_noise_cells", 250_000)
+        return executor_noise_supported(spec) and spec.cells * len(spec.statistics) >= threshold
+
+    def _write_frame_once(self, path: str, release_id: str, spec, plan, policy, snapshot, partials_df,
+                          owner: str, *, fresh: bool):
+        """:meth:`_write_once` for executor-side noise: the noisy cells are computed by the
+        write's own Spark job (:func:`~dp_spark.backends.spark.noisy_release_frame`) and land in
+        one idempotent Delta commit; None when ours landed, else the stored cells. Our cells
+        never reach the driver, so when the ledger cannot tell (a takeover, a concurrent write)
+        the stored cells are returned whoever drew them: they are the release."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from dp_spark.backends.spark import NOISY_CELL_FIELDS, NOISY_KEY_PREFIX, noisy_release_frame
+        from dp_spark.delta.release_table import (RELEASE_SCHEMA, ConcurrentReleaseWrite, read_release,
+                                                  write_release_frame)
+
+        cells = noisy_release_frame(partials_df, plan, self.source)
+        common = self._common(spec, plan, policy, release_id, snapshot)
+        noisy = {f for f, _ in NOISY_CELL_FIELDS}
+        names = [ks.column for ks in spec.key_sets]
+        cols = []
+        for f in RELEASE_SCHEMA.fields:
+            if f.name in noisy:
+                col = F.col(f.name)
+            elif f.name == "keys":
+                col = (F.map_from_arrays(F.array(*[F.lit(c) for c in names]),
+                                         F.array(*[F.col(f"{NOISY_KEY_PREFIX}{j}") for j in range(len(names))]))
+                       if names else F.create_map().cast(T.MapType(T.StringType(), T.StringType())))
+            else:
+                col = F.lit(common[f.name])
+            cols.append(col.cast(f.dataType).alias(f.name))
+        try:
+            write_release_frame(path, cells.select(*cols), release_id)
+            raced = False
+        except ConcurrentReleaseWrite:
+            raced = True
+        if fresh and not raced:
+            entry = self.ledger.find(release_id)
+            if entry is not None and entry.owner_token == owner:
+                return None
+        stored = read_release(self.spark, path, release_id)
+        if not stored:
+            raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
+        return stored
 
 
 def publish(spec: ReleaseSpec, env: EnvConfig, **kwargs) -> ReleaseResult:

@@ -405,7 +405,8 @@ def select_private_keys(local: LocalPartials, plan, source=None) -> tuple[dict[i
     if sel is None or local.unit_counts is None:
         raise ConfigError(f"{spec.source}: this release has no private key columns")
     candidates = sorted(local.unit_counts)
-    noisy = keep_over_threshold([local.unit_counts[t] for t in candidates], sel.scale, sel.threshold, source)
+    noisy = keep_over_threshold([local.unit_counts[t] for t in candidates], sel.scale, sel.threshold, source,
+                                mechanism=sel.mechanism)
     passed = sorted(((v, t) for t, v in zip(candidates, noisy) if v is not None), key=lambda vt: (-vt[0], vt[1]))
     chosen = limit_keys(passed[:sel.max_tuples], sel.max_keys, sel.max_tuples)
     order = [isinstance(ks, PrivateKeys) for ks in spec.key_sets]

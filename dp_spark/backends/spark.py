@@ -398,12 +398,13 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
     """The partials of the cells whose private key tuple passes the noisy threshold (see
     :mod:`dp_spark.statistics.selection`), with the tuple's noisy count (``dp_sel``) for the
     driver's per-column limit. Same bounded data as the partials (one query: Spark reuses the
-    bounding's shuffle). The noise is drawn on the executors by OpenDP's exact sampler; the
+    bounding's shuffle). The noise (discrete Laplace or Gaussian, ``sel.mechanism``) is drawn on
+    the executors by OpenDP's exact sampler; the
     noisy counts are never logged and never published."""
     from dp_spark.statistics.selection import keep_over_threshold
 
     names = [f"{PRIV}{j}" for j in range(len(sel.columns))]
-    scale, threshold = sel.scale, sel.threshold
+    scale, threshold, mechanism = sel.scale, sel.threshold, sel.mechanism
     # schema: k0.. string, unit -- one row per (private tuple, unit): each unit adds 1 to at
     # most m tuples. Then per tuple: dp_n long, the number of distinct units.
     pairs = per_unit.select(*[F.col(f"{CELL}.{n}").alias(n) for n in names], column_ref(unit)).distinct()
@@ -415,7 +416,7 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
         import pandas as pd
 
         for pdf in batches:
-            noisy = keep_over_threshold(pdf["dp_n"].tolist(), scale, threshold)
+            noisy = keep_over_threshold(pdf["dp_n"].tolist(), scale, threshold, mechanism=mechanism)
             keep = [v is not None for v in noisy]
             out = pdf.loc[keep, names].copy()
             out[SEL] = pd.Series([v for v in noisy if v is not None], index=out.index, dtype="int64")
@@ -522,3 +523,85 @@ def _collect_private(df: DataFrame, plan):
             if got is not None:
                 partials[len(tuples) - 1] = got
     return partials, tuples
+
+
+# --- executor-side noise (large releases of public keys) -----------------------------------------
+#: the cell fields of ``QueryPlan.noise`` that the executors return (the release's common fields,
+#: the key map and ``created_at`` are added by the caller as literals / from the key columns)
+NOISY_CELL_FIELDS = (("statistic", T.StringType()), ("key", T.StringType()), ("value", T.DoubleType()),
+                     ("ci_low", T.DoubleType()), ("ci_high", T.DoubleType()), ("mechanism", T.StringType()),
+                     ("noise_scale", T.DoubleType()), ("noise_stddev", T.DoubleType()), ("grid", T.DoubleType()),
+                     ("expected_abs_error", T.DoubleType()), ("band_low", T.DoubleType()),
+                     ("band_high", T.DoubleType()))
+#: the key columns of a noisy cell frame: ``dp_key_0``.. (one per group-by column, in order)
+NOISY_KEY_PREFIX = "dp_key_"
+
+
+def executor_noise_supported(spec) -> bool:
+    """Whether :func:`noisy_release_frame` can noise ``spec``: public keys only (the grid is the
+    declared cross product), no rolling windows, no ``min_group_size`` (its merge crosses keys)."""
+    return not spec.private_key_sets and not spec.windowed and spec.min_group_size is None
+
+
+def noisy_release_frame(df: DataFrame, plan, source, batch: int = STREAM_BATCH) -> DataFrame:
+    """The release's noisy cells, computed on the executors: one row per (statistic, key
+    tuple) of the whole data-independent grid (every declared key tuple, present in the data or
+    not), ``NOISY_CELL_FIELDS`` plus the key columns ``dp_key_<j>``. Nothing comes back to the
+    driver: the caller writes the frame (one Delta commit).
+
+    ``df``: the partials (``dp_cell`` and the partial longs, as for :func:`collect_query_partials`).
+    The grid's cell indices (``range(cells)``) are joined with them and partitioned by slices of
+    ``batch`` consecutive cells, sorted; each Arrow batch of a partition runs
+    :meth:`~dp_spark.statistics.plan.QueryPlan.noise` -- the same code, the same exact samplers
+    and grids and the same post-processing as the driver path -- with
+    ``source.for_batch(first cell)`` (OpenDP's sampler on the executor's OS CSPRNG; a seeded
+    test source derives one stream per Arrow batch -- disjoint runs of cells, so distinct first
+    cells -- and a seeded release is reproducible). The true
+    partials exist only inside the task; only noisy values leave it. A retried task draws
+    again, and only the attempt Spark commits reaches the table."""
+    import numpy as np
+
+    spec = plan.spec
+    if not executor_noise_supported(spec):
+        raise ConfigError(f"{spec.source}: executor-side noise needs public keys, no windows and no min_group_size")
+    n = spec.cells
+    names = [c for c in df.columns if c != CELL]
+    present = "dp_present"
+    grid = df.sparkSession.range(0, n, 1, max(1, -(-n // batch))).withColumnRenamed("id", CELL)
+    parts = df.where((F.col(CELL) >= 0) & (F.col(CELL) < n)).withColumn(present, F.lit(True))
+    # absent cells and null partials are 0 (as the driver's stream reads them), so the
+    # columns stay exact int64 in pandas (a null would turn them into float64)
+    joined = (grid.join(parts, on=CELL, how="left")
+              .select(CELL, F.coalesce(F.col(present), F.lit(False)).alias(present),
+                      *[F.coalesce(F.col(c), F.lit(0)).cast(T.LongType()).alias(c) for c in names])
+              # slices of ``batch`` consecutive cells, hashed to partitions (no sampling job, as a
+              # range partitioning would run over the whole aggregation), sorted inside each
+              .repartition(max(1, -(-n // batch)), F.floor(F.col(CELL) / F.lit(batch)))
+              .sortWithinPartitions(CELL))
+    key_sets = spec.key_sets
+    k = len(key_sets)
+    out_schema = T.StructType([T.StructField(f, t, True) for f, t in NOISY_CELL_FIELDS]
+                              + [T.StructField(f"{NOISY_KEY_PREFIX}{j}", T.StringType(), True) for j in range(k)])
+    field_names = [f for f, _ in NOISY_CELL_FIELDS]
+
+    def _noise(batches):
+        import pandas as pd
+
+        from dp_spark.statistics.plan import PartialColumns, key_tuples_at
+
+        for pdf in batches:
+            if pdf.empty:
+                continue
+            cells = pdf[CELL].to_numpy(dtype=np.int64)
+            have = pdf[present].to_numpy(dtype=bool)
+            pos = np.flatnonzero(have).astype(np.int64)
+            partials = PartialColumns(pos, {c: pdf[c].to_numpy()[have].astype(np.int64) for c in names})
+            tuples = key_tuples_at(key_sets, cells.tolist())
+            noisy = plan.noise(partials, source.for_batch(int(cells[0])), tuples, grid_cells=n)
+            del partials
+            frame = pd.DataFrame({f: [c.get(f) for c in noisy] for f in field_names})
+            for j in range(k):
+                frame[f"{NOISY_KEY_PREFIX}{j}"] = [c["keys"][key_sets[j].column] for c in noisy]
+            yield frame
+
+    return joined.mapInPandas(_noise, out_schema)

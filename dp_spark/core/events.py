@@ -71,14 +71,14 @@ class NoiseEvent:
     * ``grid_exponent``: outputs are multiples of 2^grid_exponent (0 for counts);
     * ``partitions_per_unit``: the effective L0 the sensitivity was derived with;
     * ``parallel``: True exactly when ``partitions_per_unit == 1``;
-    * ``delta``: discrete Laplace only, default 0: a failure probability on top of the pure
-      epsilon part, for a *thresholded* Laplace mechanism (private partition selection: the
-      noisy counts are epsilon-DP, publishing only the keys above a threshold fails with
+    * ``delta``: default 0: a failure probability on top of the pure epsilon (Laplace) or rho
+      (Gaussian) part, for a *thresholded* mechanism (private partition selection: the noisy
+      counts are epsilon-DP or rho-zCDP, publishing only the keys above a threshold fails with
       probability at most delta). Written in the event JSON only when > 0, so events without
       it keep their JSON (and so their hashes) unchanged.
 
     Cost (:meth:`natural_cost`): Laplace -> ``PureDP(sensitivity / scale, delta)``; Gaussian ->
-    ``ZCDP(l2_squared / (2 scale^2))`` (Canonne, Kamath, Steinke 2020, for integer-valued
+    ``ZCDP(l2_squared / (2 scale^2), delta)`` (Canonne, Kamath, Steinke 2020, for integer-valued
     statistics). The cost is always derived from the *vector* sensitivity, so the cells of
     one event are priced together:
 
@@ -131,8 +131,6 @@ class NoiseEvent:
         delta = _frac(self.delta, "delta")
         if not 0 <= delta < 1:
             raise InvalidEventError("event field 'delta' must be >= 0 and < 1")
-        if delta > 0 and self.mechanism != LAPLACE:
-            raise InvalidEventError("event field 'delta' is only allowed for a discrete_laplace event")
         set_(self, "delta", delta)
         expected = self.partitions_per_unit == 1
         if self.parallel is None:
@@ -150,7 +148,7 @@ class NoiseEvent:
             return PureDP(self.sensitivity / self.scale, self.delta)
         if self.l2_squared is None:  # __post_init__ refuses it; a None here is a bug
             raise InvalidEventError("a discrete_gaussian event takes 'l2_squared'")
-        return ZCDP(self.l2_squared / (2 * self.scale * self.scale))
+        return ZCDP(self.l2_squared / (2 * self.scale * self.scale), self.delta)
 
 
 @dataclass(frozen=True)

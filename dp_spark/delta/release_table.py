@@ -330,8 +330,12 @@ def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) ->
     ids = {r["release_id"] for r in rows}
     if len(ids) != 1:
         raise ValueError("a release write holds the cells of one release id")
-    app_id = f"dp_spark_release:{ids.pop()}"
-    src = _cells_frame(spark, rows)
+    _append_once(_cells_frame(spark, rows), path, ids.pop())
+
+
+def _append_once(src: DataFrame, path: str, release_id: str) -> None:
+    """The one idempotent append of a release (see :func:`write_release`)."""
+    app_id = f"dp_spark_release:{release_id}"
     try:
         (src.write.format("delta").mode("append")
          .option("txnAppId", app_id).option("txnVersion", 1).save(path))
@@ -339,6 +343,16 @@ def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) ->
         if _is_concurrent_write(exc):
             raise ConcurrentReleaseWrite() from None
         raise
+
+
+def write_release_frame(path: str, cells: DataFrame, release_id: str) -> None:
+    """:func:`write_release` for cells computed on the executors (executor-side noise): the
+    same one Delta commit with the same ``txnAppId``/``txnVersion`` key, from a DataFrame of
+    :data:`RELEASE_SCHEMA`'s columns that the driver never collects. The caller builds every
+    row with ``release_id``."""
+    if [f.name for f in cells.schema.fields] != [f.name for f in RELEASE_SCHEMA.fields]:
+        raise ValueError("a release frame has the columns of RELEASE_SCHEMA, in order")
+    _append_once(cells, path, release_id)
 
 
 def _is_concurrent_write(exc: BaseException) -> bool:

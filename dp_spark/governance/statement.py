@@ -298,7 +298,7 @@ def _spec_json(spec: Any) -> dict[str, Any]:
             d["key_tuples_at_most"] = None if spec.table_key_sets else spec.cells
             d["key_selection"] = {
                 "columns": list(sel.columns), "share_of_charge": str(spec.selection_share),
-                "epsilon": float(sel.epsilon), "delta": float(sel.delta),
+                "epsilon": None if sel.epsilon is None else float(sel.epsilon), "delta": float(sel.delta),
                 "noise_scale": float(sel.scale), "threshold_units": sel.threshold,
                 "units_for_even_odds": sel.count_for(0.5),
                 "units_for_95_percent": sel.count_for(0.95),
@@ -727,8 +727,10 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         sel = q.get("key_selection")
         if sel:
             add(f"Keys of {', '.join(f'`{c}`' for c in sel['columns'])} in {q['name']} are found privately: a "
-                f"key is published when its noisy number of distinct units (discrete Laplace of scale "
-                f"{sel['noise_scale']:.4g}, epsilon {sel['epsilon']:.4g}, {float(Fraction(sel['share_of_charge'])) * 100:.3g}% of the charge) "
+                f"key is published when its noisy number of distinct units ("
+                + (f"discrete Laplace of scale {sel['noise_scale']:.4g}, epsilon {sel['epsilon']:.4g}"
+                   if sel.get("epsilon") is not None else f"discrete Gaussian of sigma {sel['noise_scale']:.4g}")
+                + f", {float(Fraction(sel['share_of_charge'])) * 100:.3g}% of the charge) "
                 f"reaches {sel['threshold_units']}; a key with {sel['units_for_even_odds']} units is published "
                 f"with even odds, with {sel['units_for_95_percent']} units 95% of the time. A key that one unit "
                 f"alone creates is published with probability at most delta = {sel['delta']:.3g}. "

@@ -269,6 +269,13 @@ class NoiseSource(abc.ABC):
         when a draw does not fit in 64 bits. The same draws, in the same order, as ``draw``."""
         return as_int_array(self.draw(kind, scale, n))
 
+    def for_batch(self, start: int) -> "NoiseSource":
+        """The source a batch of cells starting at cell ``start`` draws from on an executor
+        (executor-side noise: the source is shipped to each task). A source without state
+        (OpenDP's, on the OS CSPRNG) is itself; a seeded test source derives an independent
+        stream per batch (:class:`SeededNoiseSource`), so batches never repeat draws."""
+        return self
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
@@ -315,6 +322,14 @@ class OpenDPNoiseSource(NoiseSource):
         self._dp = dp
         self._cache: OrderedDict[tuple[str, float], Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # shipped to executors (executor-side noise) without its cache, lock or module: each
+        # process rebuilds them (the OS CSPRNG holds no state to ship)
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()  # type: ignore[misc]
 
     def _measurement(self, kind: str, scale: float) -> Any:
         key = (kind, scale)
@@ -420,6 +435,15 @@ class SeededNoiseSource(NoiseSource):
             raise ConfigError("the test seed must be an integer")
         self.seed = seed
         self._stream = _ShakeStream(seed)
+
+    def for_batch(self, start: int) -> "SeededNoiseSource":
+        """An independent seeded stream for the batch of cells starting at ``start``: the seed
+        is derived from (this seed, start) by SHAKE-256, so a release noised in batches on the
+        executors is reproducible and no two batches share draws."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ConfigError("a batch starts at a cell index >= 0")
+        digest = hashlib.shake_256(f"dp_spark-batch:{self.seed}:{start}".encode()).digest(16)
+        return SeededNoiseSource(int.from_bytes(digest, "big"))
 
     def discrete_laplace(self, scale: Fraction, n: int) -> list[int]:
         scale = check_scale(scale, "scale")

@@ -79,6 +79,10 @@ class EnvModel(SpecModel):
     salt_file: PathText = Field("{warehouse}/.bounding_salt", description="salt of the bottom-K priority, created with mode 0600; kept out of Spark plans, confidential for the sample's uniformity only (the DP guarantee does not depend on it: docs/privacy-semantics.md section 3)")
     lease_seconds: PositiveInt = Field(300, description="how long one run owns a reservation before another may take it over")
     demo: Optional[dict[str, Any]] = Field(None, description="parameters of the demo data generator")
+    executor_noise_cells: PositiveInt = Field(
+        250_000, description="a release of public keys with at least this many cells (key tuples x statistics) is "
+                             "noised on the executors and written straight to Delta; below it the partials are "
+                             "streamed to the driver and noised there (docs/performance.md)")
     ledger_key_secret: Optional[SecretRefModel] = Field(
         None, description="{scope, key} of the Databricks secret holding the ledger's HMAC key, exported to "
                           "$DP_SPARK_LEDGER_KEY on Databricks unless set (docs/deploy.md)")

@@ -243,6 +243,10 @@ class PrivateKeysModel(SpecModel):
     share: Optional[number_type(gt=0, lt=1, what="in (0, 1): the fraction of the release's charge "  # type: ignore
                                 "spent on selecting the keys")] = Field(
         None, description="fraction of the release's charge spent on selecting the keys (default 0.25)")
+    mechanism: Optional[Literal["laplace", "gaussian", "cheaper"]] = Field(
+        None, description="the noise of the selection's threshold: laplace (the default), gaussian (zcdp charges "
+                          "only) or cheaper (whichever needs fewer units under the charge's measure: gaussian "
+                          "under zcdp)")
 
 
 class GroupByEntryModel(SpecModel):
@@ -270,7 +274,8 @@ class GroupByEntryModel(SpecModel):
 
     def key_set(self, run_date: date) -> Any:
         if self.private_keys is not None:
-            return PrivateKeys(column=self.column, max_keys=self.private_keys.max_keys, share=self.private_keys.share)
+            return PrivateKeys(column=self.column, max_keys=self.private_keys.max_keys, share=self.private_keys.share,
+                               mechanism=self.private_keys.mechanism)
         keys = self.public_keys.resolve(self.column, run_date)
         return keys if self.bucket is None else bucketed(self.column, keys.values, self.bucket)
 
@@ -563,6 +568,10 @@ class _SpecBase(SpecModel):
             if len(shares) > 1:
                 err(("group_by",), "private key columns are selected jointly with one share of the charge: give "
                                    "'share' once, or the same value on each")
+            mechs = {k.mechanism for k in key_sets if isinstance(k, PrivateKeys) and k.mechanism is not None}
+            if len(mechs) > 1:
+                err(("group_by",), "private key columns are selected jointly with one mechanism: give "
+                                   "'mechanism' once, or the same value on each")
             n_keys = 1
             for k in key_sets:  # private key columns count as their most selected keys; a key
                 # table as one key until it is read (Engine.validate checks its size then)
@@ -645,6 +654,10 @@ class _SpecBase(SpecModel):
                 "delta: 1e-8} (a zcdp charge given as {epsilon, delta} converts rho and cannot carry it)")
         if spends_delta and not private:
             err(("budget", "delta"), "only a release with private_keys spends delta; drop it")
+        for i, k in enumerate(key_sets):
+            if isinstance(k, PrivateKeys) and k.mechanism == "gaussian" and charge.MEASURE != "zcdp":
+                err(("group_by", i, "private_keys", "mechanism") if multi else ("group_by", "private_keys", "mechanism"),
+                    "the Gaussian threshold is priced in zCDP: use a zcdp charge, or mechanism laplace or cheaper")
 
         needed = [unit.column]
         if multi:

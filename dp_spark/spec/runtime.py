@@ -116,13 +116,15 @@ class PrivateKeys:
     ``max_keys``: at most this many values of the column are published (the selected keys
     with the largest noisy counts). ``share``: the fraction of the release's charge spent on
     selecting the keys (default :data:`DEFAULT_SELECTION_SHARE`); the statistics share the rest.
-    Several private columns are selected jointly, as tuples (see
+    ``mechanism``: the noise of the threshold, ``laplace`` (None: the default), ``gaussian``
+    (zCDP) or ``cheaper``. Several private columns are selected jointly, as tuples (see
     :mod:`dp_spark.statistics.selection`)."""
 
     column: str
     max_keys: int
     share: Optional[Fraction] = None
     kind: str = "private"
+    mechanism: Optional[str] = None
 
 
 #: the fraction of a release's charge that private key selection takes unless ``share`` says
@@ -371,6 +373,13 @@ class ReleaseSpec:
         return shares.pop() if shares else DEFAULT_SELECTION_SHARE
 
     @property
+    def selection_mechanism(self) -> str:
+        """The private key selection's threshold noise: ``laplace`` unless a private column
+        says ``gaussian`` or ``cheaper`` (see :mod:`dp_spark.statistics.selection`)."""
+        named = {k.mechanism for k in self.private_key_sets if k.mechanism is not None}
+        return named.pop() if named else "laplace"
+
+    @property
     def cells(self) -> int:
         """The number of key tuples (cells per statistic); with private keys, the most there
         can be (public key tuples x the most private key tuples selected). Unknown, and
@@ -461,8 +470,11 @@ def key_set_canonical(k: Any) -> dict[str, Any]:
     if table is not None:  # the declaration, read or not (the release id adds the pinned version)
         return {"column": k.column, "kind": "table", "table": table.canonical()}
     if isinstance(k, PrivateKeys):
-        return {"column": k.column, "kind": "private", "max_keys": k.max_keys,
-                "share": None if k.share is None else str(k.share)}
+        out = {"column": k.column, "kind": "private", "max_keys": k.max_keys,
+               "share": None if k.share is None else str(k.share)}
+        if k.mechanism not in (None, "laplace"):  # only then: specs without it keep their release ids
+            out["mechanism"] = k.mechanism
+        return out
     if k.bucket is not None:  # only when set: key sets without a bucket keep their release ids
         return {"column": k.column, "kind": k.kind, "keys": list(k.values), "bucket": k.bucket, "days": list(k.days)}
     return {"column": k.column, "kind": k.kind, "keys": list(k.values)}

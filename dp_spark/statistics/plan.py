@@ -62,6 +62,24 @@ def key_tuples(key_sets) -> list[tuple[str, ...]]:
     return list(product(*[ks.values for ks in key_sets]))
 
 
+def key_tuples_at(key_sets, indices) -> list[tuple[str, ...]]:
+    """The key tuples at ``indices`` of :func:`key_tuples` (row-major, the last column fastest),
+    without building the cross product: for a batch of cells on an executor."""
+    if not key_sets:
+        return [() for _ in indices]
+    sizes = [len(ks.values) for ks in key_sets]
+    out = []
+    for i in indices:
+        rest, parts = int(i), []
+        for ks, size in zip(reversed(key_sets), reversed(sizes)):
+            rest, j = divmod(rest, size)
+            parts.append(ks.values[j])
+        if rest:
+            raise DpSparkError("internal: a cell index beyond the key set")
+        out.append(tuple(reversed(parts)))
+    return out
+
+
 @dataclass(frozen=True)
 class DateFeeds:
     """How the rows of one day feed the cells of a release with rolling windows.
@@ -194,7 +212,8 @@ class QueryPlan:
         return out
 
     def noise(self, partials: Mapping[int, Mapping[str, int]], source,
-              tuples: Optional[list] = None, components: Optional[dict] = None) -> list[dict[str, Any]]:
+              tuples: Optional[list] = None, components: Optional[dict] = None,
+              grid_cells: Optional[int] = None) -> list[dict[str, Any]]:
         """One noise vector per component over all cells (present in the data or not), then
         every statistic's post-processing per cell. ``partials``: cell index -> collected longs.
         ``tuples``: the key tuples (in ``group_by`` order) the indices refer to; by default the
@@ -209,7 +228,12 @@ class QueryPlan:
         post-processing (:meth:`~dp_spark.statistics.base.StatisticKind.finish_columns`: count,
         distinct_units, sum) computes its values and intervals as float64 vectors, equal to
         its per-cell ``finish`` (exact integers times a power of two). The other kinds, and
-        values beyond 2^53 grid units, take the per-cell ``finish`` on exact Fractions."""
+        values beyond 2^53 grid units, take the per-cell ``finish`` on exact Fractions.
+
+        ``grid_cells``: the cells are a batch of a release of ``grid_cells`` key tuples (public
+        keys; executor-side noise, :func:`dp_spark.backends.spark.noisy_release_frame`): the
+        same draws per cell (iid, the plan's scale), the simultaneous bands at the release's
+        level, and the privacy cost is the plan's, charged once for the whole grid."""
         from dataclasses import replace as _replace
 
         from dp_spark.mechanisms.release import add_noise_array
@@ -221,10 +245,16 @@ class QueryPlan:
             tuples = key_tuples(spec.key_sets)
         alpha = 1 - spec.confidence
         n = len(tuples)
+        if grid_cells is not None and (spec.private_key_sets or n > grid_cells):
+            raise DpSparkError("internal: a batch of cells is a slice of a public key grid")
         grids: dict = {}
         for comp, plan in zip(self.components, self.statistics):
             true = true_vector(comp, partials, n)
-            if plan.cells != len(true):
+            if grid_cells is not None:  # one batch: its share of the plan's draws
+                if len(true) * grid_cells != plan.cells * n:
+                    raise DpSparkError("internal: the cells do not match the plan")
+                plan = _replace(plan, event=_replace(plan.event, cells=max(1, len(true))))
+            elif plan.cells != len(true):
                 if not spec.private_key_sets or len(true) > plan.cells:
                     raise DpSparkError("internal: the cells do not match the plan")
                 # the selected cells, fewer than the most the plan allowed (the privacy cost
@@ -250,7 +280,8 @@ class QueryPlan:
         # construction at the Sidak level 1 - (1 - alpha)^(1/n) for the statistic's n cells: their
         # noises are independent, so all n are inside their bands with probability >= 1 - alpha
         # (exactly 1 - alpha for intervals that are exact for the noise)
-        band_alpha = Fraction(joint_alpha(alpha, n)) if spec.simultaneous and n else None
+        band_n = n if grid_cells is None else grid_cells
+        band_alpha = Fraction(joint_alpha(alpha, band_n)) if spec.simultaneous and n else None
         cells: list[dict[str, Any]] = []
         for stat, comps in zip(spec.statistics, self.stat_components):
             kind = kind_of(stat.kind)

@@ -190,21 +190,24 @@ class ZeroNoise(NoiseSource):
         return [0] * n
 
 
-@pytest.mark.parametrize("seed", [6, 7])
-def test_private_keys_candidates_and_selection_equal(spark, seed):
+@pytest.mark.parametrize("seed,mechanism", [(6, "laplace"), (7, "laplace"), (8, "gaussian")])
+def test_private_keys_candidates_and_selection_equal(spark, seed, mechanism):
     rows = _rows(seed, n_rows=2500, n_users=200)
     for r in rows:  # private region keys: many values, shared by a few units or held by one only
         u = r["user_id"]
         draw = random.Random(f"{seed}-{u}").random()
         if r["region"] is not None and u is not None and draw < 0.5:
             r["region"] = f"g_{int(u[1:]) % 25}" if draw < 0.35 else f"p_{u}"
-    # a huge epsilon: the executors' Laplace scale is ~0.003, so the noise is 0 with probability
-    # 1 - 1e-100 per tuple and the selection is the threshold's (tau = 2) exact choice
+    # a huge epsilon (rho): the executors' Laplace scale (Gaussian sigma) is ~0.003, so the noise
+    # is 0 with probability 1 - 1e-100 per tuple and the selection is the threshold's (tau = 2) exact choice
+    budget = ({"id": "b", "measure": "pure_dp", "epsilon": 4000, "delta": 1e-6} if mechanism == "laplace"
+              else {"id": "b", "measure": "zcdp", "rho": 10**6, "delta": 1e-6})
     plan = _spec({"max_rows_per_unit": 5, "max_partitions_per_unit": 2, "max_rows_per_partition": 3},
                  group_by=[{"column": "day", "public_keys": {"dates": {"start": "2026-11-01", "end": "2026-11-03"}}},
-                           {"column": "region", "private_keys": {"max_keys": 8}}],
-                 statistics=ALL_KINDS, budget={"id": "b", "measure": "pure_dp", "epsilon": 4000, "delta": 1e-6})
+                           {"column": "region", "private_keys": {"max_keys": 8, "mechanism": mechanism}}],
+                 statistics=ALL_KINDS, budget=budget)
     assert plan.selection.threshold == 2
+    assert plan.selection.mechanism == ("discrete_laplace" if mechanism == "laplace" else "discrete_gaussian")
     local = query_partials(rows, plan, SALT, schema=TYPES)
     counts = local.unit_counts
     assert len([t for t, c in counts.items() if c >= 2]) > 8, "max_keys must bind"

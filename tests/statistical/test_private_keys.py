@@ -15,7 +15,10 @@ from dp_spark.config import PrivateKeys, release_spec_from_dict
 from dp_spark.errors import ConfigError
 from dp_spark.mechanisms.samplers import OpenDPNoiseSource
 from dp_spark.statistics.plan import plan_query
+from dp_spark.core.events import GAUSSIAN, LAPLACE
 from dp_spark.statistics.selection import (
+    gaussian_tail,
+    gaussian_threshold,
     keep_over_threshold,
     laplace_threshold,
     limit_keys,
@@ -103,6 +106,100 @@ def test_the_lone_key_check_catches_a_threshold_one_too_low():
     tau = laplace_threshold(scale, Fraction(delta).limit_denominator(), 1)
     hits, p_value = _lone_key_rate_consistent(tau - 1, scale, delta, n)
     assert p_value < 1e-4
+
+
+# --- the Gaussian threshold (zCDP) ---------------------------------------------------------------
+@pytest.mark.parametrize("sigma,delta,m", [(Fraction(2), Fraction(1, 10**8), 1), (Fraction(37, 10), Fraction(1, 10**8), 3),
+                                           (Fraction(1, 3), Fraction(1, 20), 1), (Fraction(40), Fraction(1, 10**9), 20),
+                                           (Fraction(3), Fraction(1, 20), 1)])
+def test_gaussian_threshold_is_the_smallest_with_a_lone_key_tail_below_delta_over_m(sigma, delta, m):
+    tau = gaussian_threshold(sigma, delta, m)
+    p = float(delta) / m
+    assert publish_probability(1, sigma, tau, GAUSSIAN) <= p
+    if tau > 2:  # minimality: one less would let a lone key through too often
+        assert publish_probability(1, sigma, tau - 1, GAUSSIAN) > p
+    # the tail against a direct sum of the discrete Gaussian pmf over a wide window
+    s = float(sigma)
+    n = int(80 * s) + 80
+    weights = [math.exp(-x * x / (2 * s * s)) for x in range(-n, n + 1)]
+    direct = math.fsum(weights[n + tau - 1:]) / math.fsum(weights)
+    assert direct == pytest.approx(publish_probability(1, sigma, tau, GAUSSIAN), rel=1e-9)
+    # symmetric: a key far above the threshold is published with the mirrored probability
+    assert publish_probability(tau + tau - 2, sigma, tau, GAUSSIAN) == pytest.approx(1 - gaussian_tail(tau - 1, s))
+
+
+def _lone_key_rate_gaussian(threshold: int, sigma: Fraction, delta: float, n: int) -> tuple[int, float]:
+    kept = keep_over_threshold([1] * n, sigma, threshold, OpenDPNoiseSource(), mechanism=GAUSSIAN)
+    hits = sum(v is not None for v in kept)
+    return hits, _binomial_sf(hits, n, delta)
+
+
+def test_gaussian_lone_key_is_published_with_rate_at_most_delta():
+    sigma, delta, n = Fraction(3), 0.05, 20_000
+    tau = gaussian_threshold(sigma, Fraction(delta).limit_denominator(), 1)
+    hits, p_value = _lone_key_rate_gaussian(tau, sigma, delta, n)
+    assert p_value > 1e-4, "lone keys published more often than delta allows"
+    expected = publish_probability(1, sigma, tau, GAUSSIAN)
+    sd = math.sqrt(n * expected * (1 - expected))
+    assert abs(hits - n * expected) < 5 * sd
+
+
+def test_the_gaussian_lone_key_check_catches_a_threshold_one_too_low():
+    sigma, delta, n = Fraction(3), 0.05, 20_000
+    tau = gaussian_threshold(sigma, Fraction(delta).limit_denominator(), 1)
+    hits, p_value = _lone_key_rate_gaussian(tau - 1, sigma, delta, n)
+    assert p_value < 1e-4
+
+
+def test_the_gaussian_check_catches_laplace_noise_at_the_gaussian_threshold():
+    # the sampler matters: Laplace draws of the same scale have heavier tails and fail the check
+    sigma, delta, n = Fraction(3), 0.05, 20_000
+    tau = gaussian_threshold(sigma, Fraction(delta).limit_denominator(), 1)
+    kept = keep_over_threshold([1] * n, sigma, tau, OpenDPNoiseSource(), mechanism=LAPLACE)
+    assert _binomial_sf(sum(v is not None for v in kept), n, delta) < 1e-4
+
+
+def _with_mechanism(mechanism, **changes):
+    gb = [{"column": "day", "public_keys": {"dates": {"start": "2026-11-01", "end": "2026-11-07"}}},
+          {"column": "region", "private_keys": {"max_keys": 50, "mechanism": mechanism}}]
+    return spec(group_by=gb, **changes)
+
+
+def test_zcdp_plan_shows_both_thresholds_and_cheaper_picks_the_gaussian():
+    laplace, gauss, cheap = (plan_query(_with_mechanism(m)).selection for m in ("laplace", "gaussian", "cheaper"))
+    assert plan_query(spec()).selection.mechanism == LAPLACE  # no mechanism named: today's selection
+    assert laplace.mechanism == LAPLACE and gauss.mechanism == GAUSSIAN and cheap.mechanism == GAUSSIAN
+    assert [a.mechanism for a in cheap.alternatives] == [LAPLACE, GAUSSIAN]
+    assert cheap.threshold == gauss.threshold < laplace.threshold  # 22 units against 115 here
+    assert gauss.epsilon is None and gauss.sensitivity == 3  # L2^2 = m under add/remove
+    # sigma pays for exactly the selection's quarter of rho
+    assert gauss.event.natural_cost().rho <= Fraction(1, 8)
+    assert gauss.scale == gauss.event.scale and gauss.event.delta == Fraction(1, 10**8)
+    s = _with_mechanism("gaussian")
+    qp = plan_query(s)
+    cost = Accountant("zcdp", statement_delta=Fraction(1, 10**7)).cost(qp.event)
+    assert cost.fits_in(s.charge) and cost.delta == s.charge.delta and cost.rho > Fraction(499, 1000)
+    # replacing a unit doubles the squared L2 sensitivity
+    assert plan_query(_with_mechanism("gaussian", neighbouring="replace_unit")).selection.sensitivity == 6
+
+
+def test_pure_dp_has_only_the_laplace_threshold():
+    pure = {"id": "b", "measure": "pure_dp", "epsilon": 2, "delta": 1e-6}
+    sel = plan_query(_with_mechanism("cheaper", budget=pure)).selection
+    assert sel.mechanism == LAPLACE and len(sel.alternatives) == 1
+    with pytest.raises(ConfigError) as exc:
+        _with_mechanism("gaussian", budget=pure)
+    assert "'group_by[1].private_keys.mechanism'" in str(exc.value)
+
+
+def test_the_mechanism_enters_the_canonical_form_only_when_it_changes_the_selection():
+    base = spec().canonical()
+    assert _with_mechanism("laplace").canonical() == base  # same release id as without it
+    assert _with_mechanism("gaussian").canonical()["group_by"][1]["mechanism"] == "gaussian"
+    assert _with_mechanism("cheaper").canonical() != base
+    with pytest.raises(ConfigError, match="mechanism"):
+        spec(group_by=[{"column": "region", "private_keys": {"max_keys": 5, "mechanism": "gaussian"}},
+                       {"column": "device", "private_keys": {"max_keys": 5, "mechanism": "laplace"}}])
 
 
 # --- the per-column limit (post-processing of noisy counts) -------------------------------------

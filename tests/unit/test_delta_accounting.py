@@ -91,8 +91,10 @@ def test_event_delta_round_trip_and_validation():
     assert event_from_json(json.loads(canonical_json(e))) == e
     assert event_from_json(event_to_json(_lap())).delta == 0
     assert e.natural_cost() == PureDP(Fraction(6, 5), D8)
-    with pytest.raises(InvalidEventError, match="delta"):
-        NoiseEvent("discrete_gaussian", "count", scale=Fraction(2), l2_squared=Fraction(1), delta=D8)
+    # a thresholded Gaussian (private key selection under zCDP): delta-approximate rho-zCDP
+    g = NoiseEvent("discrete_gaussian", "count", scale=Fraction(2), l2_squared=Fraction(1), delta=D8)
+    assert g.natural_cost() == ZCDP(Fraction(1, 8), D8)
+    assert event_from_json(json.loads(canonical_json(g))) == g
     with pytest.raises(InvalidEventError, match="delta"):
         _lap(delta=Fraction(1))
     with pytest.raises(InvalidEventError):

@@ -23,7 +23,7 @@ import pytest
 from dp_spark.backends.local import query_partials, select_private_keys, spark_xxhash64
 from dp_spark.config import release_spec_from_dict
 from dp_spark.errors import ConfigError, SchemaError
-from dp_spark.mechanisms.samplers import SeededNoiseSource
+from dp_spark.mechanisms.samplers import RecordingNoiseSource, SeededNoiseSource
 from dp_spark.statistics.plan import plan_query
 
 REGIONS = [f"region_{i:02d}" for i in range(1, 6)]
@@ -260,3 +260,21 @@ def test_private_keys_select_over_the_threshold_from_local_candidates():
     partials, tuples = select_private_keys(local, plan, SeededNoiseSource(1))
     assert tuples == [("big",), ("mid",), ("small",)]  # the max_keys largest; never "alone"
     assert [partials[i]["dp_rows"] for i in range(3)] == [80, 40, 20]  # K = 2 rows per unit
+
+
+def test_private_keys_select_with_the_gaussian_threshold_under_zcdp():
+    d = {"name": "priv", "dataset": "x", "privacy_unit": {"kind": "user", "column": "user_id"},
+         "group_by": [{"column": "region", "private_keys": {"max_keys": 3, "mechanism": "gaussian"}}],
+         "bounds": {"max_rows_per_unit": 2, "max_partitions_per_unit": 1},
+         "statistics": [{"name": "rows", "kind": "count"}],
+         "budget": {"id": "b", "measure": "zcdp", "rho": 10**6, "delta": Fraction(1, 10**6)}}
+    plan = plan_query(release_spec_from_dict(d, "priv.yaml"))
+    assert plan.selection.mechanism == "discrete_gaussian" and plan.selection.threshold == 2
+    sizes = {"big": 40, "mid": 20, "small": 10, "tiny": 5, "alone": 1}
+    rows = [_row(f"{k}-{i}", k, 1.0) for k, n in sizes.items() for i in range(n) for _ in range(3)]
+    local = query_partials(rows, plan, SALT, schema=TYPES)
+    recorder = RecordingNoiseSource(SeededNoiseSource(1))
+    partials, tuples = select_private_keys(local, plan, recorder)
+    assert tuples == [("big",), ("mid",), ("small",)]
+    assert [partials[i]["dp_rows"] for i in range(3)] == [80, 40, 20]
+    assert recorder.calls[0].kind == "discrete_gaussian" and recorder.calls[0].n == 5  # one draw per candidate
