@@ -81,6 +81,8 @@ class EnvConfig:
     ledger_password_secret: Optional[tuple[str, str]] = None
     #: the datasets declared ``public: true`` (no personal data): key tables may be read from them
     public_datasets: frozenset[str] = frozenset()
+    #: the catalog schema where each series' ``<family>_current`` view is registered (None: a Delta path only)
+    series_schema: Optional[str] = None
 
     def dataset_location(self, dataset: str) -> str:
         if dataset not in self.datasets:
@@ -128,6 +130,7 @@ def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optiona
         demo=m.demo or {},
         source=source,
         public_datasets=m.public_datasets(),
+        series_schema=m.series_schema,
         **refs,
     )
 

@@ -195,6 +195,10 @@ class ReleaseSpec:
     # confidence: {simultaneous: true}: each cell also gets a band, all of a statistic's cells
     # inside their bands together with probability >= confidence (QueryPlan.noise)
     simultaneous: bool = False
+    #: a day release of a series (:func:`dp_spark.schedule.day_spec`): the day it publishes,
+    #: its version's key in the ledger (a day superseded only by that same day). Not part of
+    #: the release's identity: its canonical form, and so its release id, leave it out
+    series_key: Optional[str] = None
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
