@@ -24,7 +24,7 @@ from dp_spark import precheck
 from dp_spark.api import plan_table
 from dp_spark.config import EnvConfig, ReleaseSpec, load_env, load_release_spec
 from dp_spark.env_file import DEFAULT_ENV, ENV_VAR, resolve_env
-from dp_spark.errors import ConfigError, DpSparkError
+from dp_spark.errors import BudgetExceededError, ConfigError, DpSparkError
 from dp_spark.governance import rollback_family
 from dp_spark.governance.access import (
     PRINCIPAL_ENV,
@@ -33,7 +33,7 @@ from dp_spark.governance.access import (
     authorize,
     resolve_principal_with_source,
 )
-from dp_spark.ledger import open_ledger
+from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.records import UnknownBudgetError
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.spec.errors import did_you_mean
@@ -102,31 +102,41 @@ def publish_batch(env: EnvConfig, specs: Sequence[ReleaseSpec], *, mode: str = "
     publish each: one failure does not stop the others; the successes are versioned together
     (:meth:`~dp_spark.engine.Engine.finish`). A refusal at validation raises
     :class:`BatchRefusedError` before the first charge (nothing created); a DpSparkError while
-    setting up (env, Spark, ledger) propagates likewise."""
+    setting up (env, Spark, ledger) propagates likewise. Without ``engine``, what no Spark
+    session can change is refused before one starts (:func:`refuse_before_spark`): a refused
+    validation as above, a budget that cannot pay as that spec's failure (as at its
+    reservation); when every spec fails so, no session starts at all."""
     owned = engine is None
+    early: dict[int, BudgetExceededError] = {}
     if owned:
+        # what no session can change, before one starts (a budget refusal: that spec fails)
+        early = refuse_before_spark(env, specs, mode)
+        if len(early) == len(specs):
+            return BatchResult([Outcome(s, error=str(early[i])) for i, s in enumerate(specs)])
         from dp_spark.engine import Engine  # pyspark side: not for the Spark-free commands
 
         engine = Engine(env, mode=mode, refresh="deferred")
     validated, refused = [], []
-    for spec in specs:
+    for i, spec in enumerate(specs):
+        if i in early:
+            continue
         try:
-            validated.append(engine.validate(spec))
+            validated.append((i, engine.validate(spec)))
         except DpSparkError as exc:
             refused.append((spec, exc))
     if refused:
         raise BatchRefusedError(refused, len(specs))
-    for v in validated:  # budget registration and dataset binding: refusals charge nothing
+    for _, v in validated:  # budget registration and dataset binding: refusals charge nothing
         engine.admit(v)
-    outcomes = []
-    for v in validated:
+    outcomes = {i: Outcome(s, error=str(exc)) for i, exc in early.items() for s in (specs[i],)}
+    for i, v in validated:
         try:
-            outcomes.append(Outcome(v.spec, engine.publish(v.spec, validated=v)))
+            outcomes[i] = Outcome(v.spec, engine.publish(v.spec, validated=v))
         except DpSparkError as exc:
-            outcomes.append(Outcome(v.spec, error=str(exc)))
+            outcomes[i] = Outcome(v.spec, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - reported per spec; the other specs still run
             log.error("%s: publish failed with %s", v.spec.name, type(exc).__name__)
-            outcomes.append(Outcome(v.spec, error=unexpected(exc)))
+            outcomes[i] = Outcome(v.spec, error=unexpected(exc))
     finish_error = None
     try:
         engine.finish()  # versions (one commit) and statements for what succeeded; mirror started
@@ -136,7 +146,7 @@ def publish_batch(env: EnvConfig, specs: Sequence[ReleaseSpec], *, mode: str = "
         finish_error = unexpected(exc)
     if owned:
         engine.close()  # the ledger's Delta mirror, refreshed in the background, has caught up
-    return BatchResult(outcomes, finish_error)
+    return BatchResult([outcomes[i] for i in range(len(specs))], finish_error)
 
 
 # -- refresh / backfill ------------------------------------------------------------------------
@@ -253,6 +263,95 @@ class Checker:
                              f"({type(exc).__name__}: {exc}); the charge fits the cap")
         precheck.require_fit(left, spec, policy)
         return SpecCheck(spec, policy, self.principal, self.mode, left)
+
+
+    def refuse_before_spark(self, spec: ReleaseSpec) -> None:
+        """The validation checks of :meth:`check` whose outcome a Spark session cannot change,
+        for ``publish`` to run before it starts one: the refusal is the one publish would give
+        at validation, with the same message and audit row, only sooner (nothing is created).
+
+        The budget policy (declared, measure, dataset, unit), the per-release and delta
+        limits, the dataset's binding in the env, the key tables' declaration; access only for
+        a declared principal (``$DP_SPARK_PRINCIPAL`` where honoured, which the engine takes
+        too): otherwise the platform's user decides (the Spark user, a notebook's user), which
+        needs the session. The budget fit is :meth:`budget_refusal`."""
+        policy = precheck.policy_for(spec, self.policies, self.env.policies)
+        precheck.check_charge_limits(spec, policy)
+        self.env.dataset_location(spec.dataset)
+        precheck.check_key_tables(spec, self.env.public_datasets, tuple(self.env.datasets), self.env.source)
+        if self.principal_source in ("env", "given"):
+            authorize(self.access, self.principal, "publish", mode=self.mode, spec=spec,
+                      ledger=_AuditOnRefusal(self.env.ledger_url), budget_id=spec.budget_id)
+
+    def budget_refusal(self, spec: ReleaseSpec) -> Optional[BudgetExceededError]:
+        """The refusal publish's reservation would give ``spec`` (same message, audited alike),
+        known before Spark starts, or None: only where nothing could be served instead,
+        ``on_exhausted: reject`` and no release of the spec's family charged to its budget yet
+        (a rerun of a release is a cache hit, served even when the budget is spent; a family
+        with no release cannot have one). A ledger this machine cannot open: None (the engine
+        says so when it opens it)."""
+        if spec.on_exhausted.policy != "reject":
+            return None
+        policy = precheck.policy_for(spec, self.policies, self.env.policies)
+        try:
+            left = precheck.budget_left(self.env.ledger_url, spec, policy)
+            if left.fits or _family_charged(self.env.ledger_url, spec):
+                return None
+            precheck.require_fit(left, spec, policy)
+        except BudgetExceededError as exc:
+            _AuditOnRefusal(self.env.ledger_url).append_audit(
+                principal=self.principal, action=f"publish:{self.mode}", spec_name=spec.name,
+                spec_version=spec.version(), decision="refused_budget", release_id=None, charge_json=None,
+                detail=str(exc))
+            return exc
+        except DpSparkError:
+            return None
+        return None
+
+
+def _family_charged(ledger_url: str, spec: ReleaseSpec) -> bool:
+    """Whether the ledger (if it exists) holds any entry of ``spec``'s family on its budget."""
+    path = sqlite_path(ledger_url)
+    if path is not None and not os.path.exists(path):
+        return False
+    with open_ledger(ledger_url) as ledger:
+        if spec.budget_id not in ledger.budget_ids():
+            return False
+        return any(e.release_family == spec.family for e in ledger.entries(spec.budget_id))
+
+
+class _AuditOnRefusal:
+    """The ledger at a URL, opened (for SQLite: created, as the engine's is) only to write a
+    refusal's audit row."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def append_audit(self, **row: Any) -> None:
+        with open_ledger(self._url) as ledger:
+            ledger.append_audit(**row)
+
+
+def refuse_before_spark(env: EnvConfig, specs: Sequence[ReleaseSpec], mode: str) -> dict[int, BudgetExceededError]:
+    """What publish can refuse before any Spark session starts. The validation refusals of
+    every spec (:meth:`Checker.refuse_before_spark`) raise :class:`BatchRefusedError` together,
+    as at validation; then the budget refusals (:meth:`Checker.budget_refusal`) are returned by
+    the spec's index: those specs fail as at the reservation, the others are still published."""
+    check = checker(env, mode=mode)
+    refused: list[tuple[ReleaseSpec, DpSparkError]] = []
+    for spec in specs:
+        try:
+            check.refuse_before_spark(spec)
+        except DpSparkError as exc:
+            refused.append((spec, exc))
+    if refused:
+        raise BatchRefusedError(refused, len(specs))
+    out: dict[int, BudgetExceededError] = {}
+    for i, spec in enumerate(specs):
+        exc = check.budget_refusal(spec)
+        if exc is not None:
+            out[i] = exc
+    return out
 
 
 def checker(env: EnvConfig, *, principal: Optional[str] = None, mode: str = "official",

@@ -357,23 +357,27 @@ class Engine:
 
     def _refresh_mirror(self) -> None:
         """Refresh the Delta tables derived from the SQL ledger: its mirror and (official) the
-        ``_published`` copy of the version record. Never raises: the ledger is the authority,
-        and a refresh that fails or never runs is caught up by the next one."""
-        try:
-            from dp_spark.delta.mirror import mirror_to_delta
+        ``_published`` copy of the version record, the latter in a second thread meanwhile (three
+        independent tables: each is a small Delta commit whose time is mostly fixed). Never raises:
+        the ledger is the authority, and a refresh that fails or never runs is caught up by the next one."""
+        def published() -> None:
+            if self.mode != "official":
+                return
+            try:
+                from dp_spark.governance.versions import published_path_for, refresh_published
 
-            mirror_to_delta(self.ledger, self.spark, ledger_path=self.env.ledger_mirror,
-                            audit_path=self.env.audit_mirror)
-        except Exception as exc:  # the SQL ledger is the authority; the mirror can be refreshed later
-            log.warning("ledger mirror refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
-        if self.mode != "official":
-            return
-        try:
-            from dp_spark.governance.versions import published_path_for, refresh_published
+                refresh_published(self.ledger, self.spark, published_path_for(self.env.output_root))
+            except Exception as exc:
+                log.warning("_published refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
 
-            refresh_published(self.ledger, self.spark, published_path_for(self.env.output_root))
-        except Exception as exc:
-            log.warning("_published refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
+        with alongside(published, name="dp_spark-published"):
+            try:
+                from dp_spark.delta.mirror import mirror_to_delta
+
+                mirror_to_delta(self.ledger, self.spark, ledger_path=self.env.ledger_mirror,
+                                audit_path=self.env.audit_mirror)
+            except Exception as exc:  # the SQL ledger is the authority; the mirror can be refreshed later
+                log.warning("ledger mirror refresh failed (%s); the SQL ledger is unaffected", type(exc).__name__)
 
     def _result(self, spec, release_id, path, status, rows, *, charge=None, note="") -> ReleaseResult:
         return ReleaseResult(release_id=release_id, family=spec.family, status=status, table_path=path,

@@ -96,6 +96,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """On the xdist controller under ``--dist loadgroup``: every test here has a group
+    (:func:`pytest_collection_modifyitems`), so every node id a worker collected must carry it
+    (``<id>@<group>``, what xdist's scheduler keeps on one worker). When none does (a pytest
+    that xdist's renaming no longer reaches: pytest 9.2 with xdist 3.8), the Spark group would
+    run on both workers at once, two sessions on two cores and two clients of the one Connect
+    server: refuse the run instead of letting it stall."""
+    if node.config.getvalue("dist") != "loadgroup" or not ids:
+        return
+    lost = [i for i in ids if "@" not in i.rsplit("]", 1)[-1]]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup: {len(lost)} of {len(ids)} tests have no '@<group>' in their node id (first: "
+            f"{lost[0]}), so xdist would split their groups across workers: this pytest-xdist does not support "
+            "this pytest (setup.cfg pins the pair): run `make setup`, or PYTEST_WORKERS=0")
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] SparkSession with Delta for the whole test session."""

@@ -168,9 +168,13 @@ how several specs are published:
      through a lazy plan). Any refusal here stops the job before the first charge: each
      refused spec's error is printed; nothing is published or charged, and no release
      table, salt or ledger is created (a refused permission is recorded in the audit log).
+     What no Spark session can change is checked before one starts: the files, the budget
+     policy and limits, access for a declared principal ($DP_SPARK_PRINCIPAL on the local
+     env), and whether the budget can pay a spec whose family has no release yet
+     (on_exhausted: reject; a rerun of a published release is a cache hit, always served).
   2. then each spec is published in turn; a failure (an exhausted budget, a lost input, ...)
      does not stop the others; a charge the budget refuses creates no table, salt or
-     statement. Every spec's outcome is printed in order: its summary, or its error (never
+     statement (when no spec's budget can pay, no Spark session starts). Every spec's outcome is printed in order: its summary, or its error (never
      data values). The releases that succeeded are then versioned together and get their
      privacy statements.
 

@@ -120,7 +120,8 @@ _CASES: list[tuple[str, str, Callable[[], None]]] = [
     ("over the budget's per-release maximum", "validate, publish",
      _policy_check(_set("budget.rho", 1.5))),
     ("the principal may not publish", "validate (`--principal`), publish (audited)", _access),
-    ("the charge does not fit what is left of the budget", "validate, publish (at the reservation)", _fit),
+    ("the charge does not fit what is left of the budget", "validate, publish (before Spark starts when the "
+     "family has no release yet, else at the reservation)", _fit),
     ("a column the spec reads is not in the input", "validate `--with-data`, publish (before any charge)",
      _columns(_set("statistics.1.column", "order_valu"))),
     ("a `where` column is not in the input", "validate `--with-data`, publish (before any charge)",
