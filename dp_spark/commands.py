@@ -154,10 +154,12 @@ def refresh(env: EnvConfig, spec_paths: Sequence[str], start: date, end: date, *
             republish: bool = False, keep_going: bool = False,
             on_day: Optional[Callable[[DayResult], None]] = None, engine: Any = None) -> list[DayResult]:
     """Publish each day of ``start..end`` of each day-keyed spec (:func:`dp_spark.schedule.backfill`).
-    Every day of every spec is checked before Spark starts; the ledger mirror and the statements
-    are rebuilt once for the batch. In official mode each spec's family is then rewritten as a
-    series, ``<output_root>/<family>_current`` (one row per day and statistic: the latest
-    version of each day that is not withdrawn, :func:`dp_spark.governance.versions.series_view`).
+    Every day of every spec is checked before Spark starts; the days' versions (one ledger
+    transaction) and the statement are written once per spec, the ledger mirror in the background. In
+    official mode each spec's family is then rewritten as a series,
+    ``<output_root>/<family>_current`` (one row per day and statistic: each day's current
+    version, :func:`dp_spark.governance.versions.series_view`), registered as the view
+    ``<series_schema>.<family>_current`` when the env names a ``series_schema``.
     ``engine``: reuse one (tests, notebooks)."""
     if end < start:
         raise ConfigError(f"--to {end} is before --from {start}")
@@ -179,8 +181,10 @@ def refresh(env: EnvConfig, spec_paths: Sequence[str], start: date, end: date, *
             if mode == "official":  # the family as a series: <output_root>/<family>_current
                 from dp_spark.governance.versions import series_current_path, write_series_current
 
+                engine.finish()  # the versions of the days just published (one transaction): the series reads them
                 write_series_current(engine.spark, engine.table_path(s), engine.ledger, s.family,
-                                     series_current_path(env.output_root, s.family))
+                                     series_current_path(env.output_root, s.family),
+                                     catalog_schema=env.series_schema)
     finally:
         if owned:
             try:
@@ -377,22 +381,35 @@ def plan_rows(spec: ReleaseSpec, policy: Optional[BudgetPolicy], group_size: Opt
 
 
 # -- admin commands ------------------------------------------------------------------------------
-def rollback(env: EnvConfig, family: str, reason: str) -> tuple[str, Optional[str]]:
+def rollback(env: EnvConfig, family: str, reason: str, *, day: Optional[str] = None) -> tuple[str, Optional[str]]:
     """Withdraw the current version of a release family and restore the previous one (admin;
-    the refusal is audited; no budget refunded). Returns (withdrawn, restored)."""
+    the refusal is audited; no budget refunded). Returns (withdrawn, restored). A series (a
+    family refreshed a day at a time): the current version of ``day`` (default: the latest
+    published one), that day's previous version restored, and ``<output_root>/<family>_current``
+    rewritten when it exists."""
     from dp_spark.spark import get_or_create_session  # pyspark
 
     precheck.require_existing_ledger(env.ledger_url)  # nothing was published with this env
     access = access_policy_for_env(env)
     spark = get_or_create_session(master=env.master, extra_conf=dict(env.spark_conf))
     principal = resolve_principal_with_source(spark, env_name=env.name)[0]
+    from dp_spark.governance.versions import history, is_series, series_current_path, write_series_current
+
     with open_ledger(env.ledger_url) as ledger:
         families = {v.family for v in ledger.versions()}
         if family not in families:  # names only: the families this env has published
             raise ConfigError(f"--family: no release of family '{family}' was published with this env"
                               f"{did_you_mean(family, families)} (its families: {', '.join(sorted(families)) or 'none'})")
-        return rollback_family(spark, env=env, family=family, principal=principal, reason=reason,
-                               ledger=ledger, access=access)
+        out = rollback_family(spark, env=env, family=family, principal=principal, reason=reason,
+                              ledger=ledger, access=access, series_key=day)
+        if is_series(history(ledger, family)):
+            from dp_spark.delta.release_table import table_exists
+
+            current = series_current_path(env.output_root, family)
+            if table_exists(spark, current):
+                write_series_current(spark, f"{env.output_root}/{family}", ledger, family, current,
+                                     catalog_schema=env.series_schema)
+        return out
 
 
 def accept_policy(env: EnvConfig, budget_id: str, reason: str, *, spark: Any = None,
@@ -418,9 +435,12 @@ def accept_policy(env: EnvConfig, budget_id: str, reason: str, *, spark: Any = N
 def show_family(env: EnvConfig, family: str, *, series: bool = False,
                 columns: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """The published rows of a release family's current version (official mode), sorted by key
-    and statistic: ``{key, statistic, value, ci_low, ci_high, suppressed}`` each. ``series``:
-    the family as a series instead (each key's latest version not withdrawn, as a daily
-    refresh publishes it: :func:`dp_spark.governance.versions.series_view`). Reads the
+    and statistic: ``{key, statistic, value, ci_low, ci_high, suppressed}`` each; of a series
+    (versions keyed by day: a daily refresh), every day's current version, as
+    ``<family>_current`` holds it (:func:`dp_spark.governance.versions.published_view`).
+    ``series``: the family as a series whatever its versions (each key's latest version not
+    withdrawn: :func:`dp_spark.governance.versions.series_view`; a series refreshed before the
+    ledger kept days). Reads the
     family's release table (``<output_root>/<family>``) and the ledger's version record;
     charges nothing, draws no noise. ``columns``: other columns of the release table to return
     (``dp-spark chart`` reads the noise fields and bands too); one a table written before it

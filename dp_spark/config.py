@@ -83,6 +83,8 @@ class EnvConfig:
     public_datasets: frozenset[str] = frozenset()
     #: releases of public keys with at least this many cells are noised on the executors
     executor_noise_cells: int = 250_000
+    #: the catalog schema where each series' ``<family>_current`` view is registered (None: a Delta path only)
+    series_schema: Optional[str] = None
 
     def dataset_location(self, dataset: str) -> str:
         if dataset not in self.datasets:
@@ -131,6 +133,7 @@ def env_from_dict(data: Mapping[str, Any], source: str = "<dict>", root: Optiona
         source=source,
         public_datasets=m.public_datasets(),
         executor_noise_cells=m.executor_noise_cells,
+        series_schema=m.series_schema,
         **refs,
     )
 

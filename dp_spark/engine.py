@@ -256,7 +256,8 @@ class Engine:
         self._pending_mirror = False
         # the ledger's Delta mirror is refreshed off the release's critical path (see close())
         self._mirror_task = Coalescing(self._refresh_mirror, name="dp_spark-mirror")
-        self._pending_versions: list[tuple[str, str]] = []  # (family, release id), in order
+        # (family, release id, series key: the day of a day release of a series, else None), in order
+        self._pending_versions: list[tuple[str, str, Optional[str]]] = []
         self.env = env
         self.policies = load_policies(env.policies)
         if spark is None:
@@ -808,7 +809,7 @@ class Engine:
         if self.mode != "official":
             return
         if self.refresh == "deferred":
-            item = (spec.family, release_id)
+            item = (spec.family, release_id, spec.series_key)
             if item not in self._pending_versions:
                 self._pending_versions.append(item)
             return
@@ -816,7 +817,7 @@ class Engine:
 
         after_official_release(self.spark, env=self.env, family=spec.family, release_id=release_id,
                                principal=self.principal, ledger=self.ledger,
-                               releases_dir=self.access.releases_dir)
+                               releases_dir=self.access.releases_dir, series_key=spec.series_key)
 
     def _write_once(self, path: str, release_id: str, rows, owner: str, *, fresh: bool):
         """Write the release insert-if-absent; None when OUR cells are the release, else the

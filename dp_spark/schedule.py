@@ -45,7 +45,7 @@ the CLI.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable, Optional, Sequence
 
@@ -280,7 +280,8 @@ def day_spec(spec: ReleaseSpec, day: date) -> ReleaseSpec:
     if spec.stream is not None:  # a stream's point reads every day from its start through the day
         keys = dated.values[:dated.values.index(iso) + 1]
         return spec.for_keys(keys, name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
-    return spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
+    out = spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
+    return replace(out, series_key=iso)  # its version is the day's: every day of the family stays current
 
 
 def budget_window(engine, budget_id: str) -> Optional[BudgetWindow]:

@@ -603,16 +603,20 @@ app.add_command(budget)
 # -- rollback, generate-demo ----------------------------------------------------------------------
 @_command("rollback", "withdraw the current version of a release family (admin)",
           "Withdraw the current version of a release family and restore the previous one. Needs the admin "
-          "role; keeps the history; refunds no budget (the withdrawn release was seen). Exit 0, or 2 "
-          "when refused or on an invalid env.")
+          "role; keeps the history; refunds no budget (the withdrawn release was seen). A series (a family "
+          "refreshed a day at a time): the current version of --day (default: the latest published), that "
+          "day's previous version restored. Exit 0, or 2 when refused or on an invalid env.")
 @env_option()
 @click.option("--family", required=True, help="the release family whose current version is withdrawn")
 @click.option("--reason", required=True, help="recorded in the audit log and the statement's errata")
+@click.option("--day", type=Day(), default=None, metavar="D",
+              help="a series: the day whose current version is withdrawn (ISO date, 'today' or 'yesterday', UTC)")
 @_verbose
-def rollback(env: Optional[str], family: str, reason: str, verbose: bool) -> int:
+def rollback(env: Optional[str], family: str, reason: str, day: Optional[date], verbose: bool) -> int:
     _spark_logs(verbose)
     try:
-        withdrawn, restored = commands.rollback(commands.env_for(env), family, reason)
+        withdrawn, restored = commands.rollback(commands.env_for(env), family, reason,
+                                                day=None if day is None else day.isoformat())
     except DpSparkError as exc:
         error(str(exc))
         return 2
@@ -637,13 +641,14 @@ def _family_rows(env: Optional[str], family: str, series: bool,
 
 @_command("show", "print the published rows of a release family's current version",
           "Print the current version's published cells of a release family: one line per key and statistic "
-          "(value and interval). Reads the release table and the ledger; charges nothing. Exit 0, or 2 "
-          "when the family has no release table or on an invalid env.")
+          "(value and interval); of a series (a family refreshed a day at a time), every day's current "
+          "version, as <output_root>/<family>_current holds it. Reads the release table and the ledger; "
+          "charges nothing. Exit 0, or 2 when the family has no release table or on an invalid env.")
 @env_option()
 @click.option("--family", required=True, help="the release family (the spec's 'family', default its name)")
 @click.option("--series", is_flag=True,
-              help="the family as a series: each key's latest version that is not withdrawn (a day-keyed family "
-                   "refreshed a day at a time), as <output_root>/<family>_current holds it")
+              help="the family as a series, whatever its versions: each key's latest version that is not "
+                   "withdrawn (a series refreshed before the ledger kept days)")
 def show(env: Optional[str], family: str, series: bool) -> int:
     rows, status = _family_rows(env, family, series)
     if not rows:

@@ -22,7 +22,7 @@ The submodules ``access``, ``thresholds``, ``statement`` and ``retention`` impor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from dp_spark.governance.access import (
     ACTIONS,
@@ -97,8 +97,10 @@ def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: 
 
 
 def after_official_release(spark, *, env: Any, family: str, release_id: str, principal: str, ledger: Any,
-                           releases_dir: str | Path, write: bool = True) -> tuple[int, Optional[Path]]:
-    """Make ``release_id`` the current version of ``family`` and regenerate its statement.
+                           releases_dir: str | Path, write: bool = True,
+                           series_key: Optional[str] = None) -> tuple[int, Optional[Path]]:
+    """Make ``release_id`` the current version of ``family`` (of its day ``series_key``, a day
+    release of a series) and regenerate its statement.
 
     Call after the release write and the ledger commit of an OFFICIAL release, and also on a
     cache hit or a healed release (idempotent: it heals a crash between the commit and the
@@ -108,19 +110,20 @@ def after_official_release(spark, *, env: Any, family: str, release_id: str, pri
     from dp_spark.governance.versions import adopt_published, published_path_for, record_publication
 
     adopt_published(ledger, spark, published_path_for(env.output_root))  # (once, from an older deployment)
-    no = record_publication(ledger, family, release_id, principal)
+    no = record_publication(ledger, family, release_id, principal, series_key=series_key)
     return no, _refresh_statement(spark, env, family, ledger, releases_dir) if write else None
 
 
-def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]], principal: str, ledger: Any,
+def after_official_releases(spark, *, env: Any, releases: Sequence[tuple[str, ...]], principal: str, ledger: Any,
                             releases_dir: str | Path) -> dict[str, Path]:
-    """:func:`after_official_release` for a batch: every (family, release id), in publication
-    order, versioned in ONE ledger transaction, then one statement per family. Returns family -> .md path."""
+    """:func:`after_official_release` for a batch: every (family, release id[, series key]),
+    in publication order, versioned in ONE ledger transaction, then one statement per family.
+    Returns family -> .md path."""
     from dp_spark.background import alongside
     from dp_spark.governance.statement import load_release_summaries
     from dp_spark.governance.versions import adopt_published, published_path_for, record_publications
 
-    families = sorted({f for f, _ in releases})
+    families = sorted({r[0] for r in releases})
     # the statements' release summaries depend on the release tables only (written before
     # this call): read them while the version records are written; on any failure there,
     # the statement reads them itself
@@ -141,7 +144,8 @@ def after_official_releases(spark, *, env: Any, releases: list[tuple[str, str]],
 
 
 def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str, ledger: Any,
-                    access: AccessPolicy, write: bool = True) -> tuple[str, Optional[str]]:
+                    access: AccessPolicy, write: bool = True,
+                    series_key: Optional[str] = None) -> tuple[str, Optional[str]]:
     """An admin's rollback, end to end: permission (refusal audited), withdraw + restore in one
     ledger transaction, one audit row (decision ``withdrawn``, no charge: nothing is refunded), and the
     regenerated statement with the erratum. Returns (withdrawn id, restored id or None)."""
@@ -150,11 +154,13 @@ def rollback_family(spark, *, env: Any, family: str, principal: str, reason: str
     authorize(access, principal, "rollback", ledger=ledger, spec_name=family)
     pub = published_path_for(env.output_root)
     adopt_published(ledger, spark, pub)  # (once, from an older deployment)
-    withdrawn, restored = rollback(ledger, family, principal, reason)
+    withdrawn, restored = rollback(ledger, family, principal, reason, series_key=series_key)
+    detail = {"family": family, "restored": restored, "reason": reason[:400],
+              "refund": "none: the withdrawn release was published"}
+    if series_key is not None:
+        detail["day"] = series_key
     ledger.append_audit(principal=principal, action="rollback", spec_name=family, spec_version=None,
-                        decision="withdrawn", release_id=withdrawn, charge_json=None,
-                        detail={"family": family, "restored": restored, "reason": reason[:400],
-                                "refund": "none: the withdrawn release was published"})
+                        decision="withdrawn", release_id=withdrawn, charge_json=None, detail=detail)
     if write:
         _refresh_statement(spark, env, family, ledger, access.releases_dir)
     refresh_published(ledger, spark, pub)  # the derived table (a rollback is rare: no background task)

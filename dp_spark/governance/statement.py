@@ -63,6 +63,8 @@ __all__ = [
     "load_release_summaries",
     "build_and_write_statement",
     "StatementInconsistentError",
+    "is_series",
+    "series_days",
 ]
 
 SCHEMA = "dp_spark.privacy_statement/1"
@@ -467,8 +469,9 @@ def privacy_statement(
     # -- versions, errata, current ------------------------------------------------------------
     version_rows, errata = [], []
     current = [v for v in versions if v["state"] == "current"]
-    if len(current) > 1:
-        problems.append(f"{len(current)} versions are current")
+    current_keys = [v.get("series_key") for v in current]
+    if len(current_keys) != len(set(current_keys)):
+        problems.append(f"{len(current)} versions are current" + (" for one day" if is_series(versions) else ""))
     for v in versions:
         rid = v["release_id"]
         rel = rel_by_id.get(rid)
@@ -481,6 +484,7 @@ def privacy_statement(
             problems.append(f"version {v['version_no']}: release {rid} has no rows in the official release table")
         row = {
             "version_no": int(v["version_no"]), "release_id": rid, "state": v["state"],
+            **({} if v.get("series_key") is None else {"day": v["series_key"]}),
             "published_by": v.get("principal"), "published_at": _iso(v.get("at")),
             "release_name": None if rel is None else rel.get("release_name"),
             "spec_version": None if rel is None else rel.get("spec_version"),
@@ -494,6 +498,7 @@ def privacy_statement(
         version_rows.append(row)
         if v["state"] == "withdrawn":
             errata.append({"version_no": int(v["version_no"]), "release_id": rid,
+                           **({} if v.get("series_key") is None else {"day": v["series_key"]}),
                            "withdrawn_at": _iso(v.get("changed_at")), "withdrawn_by": v.get("changed_by"),
                            "reason": v.get("reason"),
                            "charge_kept": None if e is None else e.charge.to_json(),
@@ -582,6 +587,9 @@ def privacy_statement(
         "accounting": accounting,
         "current": None if cur is None else {"version_no": int(cur["version_no"]), "release_id": cur["release_id"]},
         "versions": version_rows,
+        # a series (versions keyed by day): each day, its current version (or withdrawn)
+        **({"days": [{**x, "published_at": _iso(x["published_at"])} for x in series_days(versions)]}
+           if is_series(versions) else {}),
         "charges": {"per_release": per_release, "per_window": per_window, "all_time": all_time,
                     "current_window": current_window,
                     "note": "withdrawn releases keep their charge: they were published"},
@@ -592,6 +600,31 @@ def privacy_statement(
                     for rid, why in pending.items()],
         "consistency": {"ok": not problems, "problems": problems},
     }
+
+
+def is_series(versions: Sequence[dict[str, Any]]) -> bool:
+    """Whether a family's versions (:func:`dp_spark.governance.versions.history`) are those of a series: some version
+    publishes one key (a day) of it."""
+    return any(v.get("series_key") is not None for v in versions)
+
+
+def series_days(versions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The days (series keys) of a series, in key order, from its versions (:func:`dp_spark.governance.versions.history`):
+    ``{day, state, version_no, release_id, published_at, principal, versions, superseded,
+    withdrawn}`` each. ``state`` is ``current`` with the day's current version, else
+    ``withdrawn`` (every version of the day withdrawn: the day is not published);
+    ``versions`` counts all the day's versions, ``superseded`` / ``withdrawn`` the earlier ones
+    replaced or withdrawn."""
+    out = []
+    for day in sorted({v["series_key"] for v in versions if v.get("series_key") is not None}):
+        mine = [v for v in versions if v.get("series_key") == day]
+        cur = [v for v in mine if v["state"] == "current"]
+        shown = cur[-1] if cur else mine[-1]
+        out.append({"day": day, "state": "current" if cur else "withdrawn", "version_no": int(shown["version_no"]),
+                    "release_id": shown["release_id"], "published_at": shown["at"], "principal": shown["principal"],
+                    "versions": len(mine), "superseded": sum(1 for v in mine if v["state"] == "superseded"),
+                    "withdrawn": sum(1 for v in mine if v["state"] == "withdrawn")})
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -682,10 +715,19 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
             add(f"> - {p}")
         add("")
     cur = d.get("current")
-    add("## Current version")
-    add("")
-    add("No version is currently published." if cur is None else
-        f"Version {cur['version_no']} (release `{cur['release_id']}`).")
+    days = d.get("days") or []
+    if days:  # a series: every day has its own current version
+        live = [x for x in days if x["state"] == "current"]
+        add("## Published days")
+        add("")
+        add(f"A series published a day at a time: {len(live)} day(s) published"
+            + (f", {live[0]['day']} to {live[-1]['day']}" if live else "")
+            + "; each day is replaced only by a re-publication of that same day.")
+    else:
+        add("## Current version")
+        add("")
+        add("No version is currently published." if cur is None else
+            f"Version {cur['version_no']} (release `{cur['release_id']}`).")
     add("")
     add("## What is protected")
     add("")
@@ -800,13 +842,32 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
         keys = ", ".join(t["suppressed_keys"]) if t["suppressed_keys"] else "none"
         add(f"- `{t['release_id'][:16]}`: {rule}; suppressed keys: {keys}.")
     add("")
-    add("## Versions")
-    add("")
-    add("| version | release | state | published by | published at | (epsilon, delta) |")
-    add("|---|---|---|---|---|---|")
-    for v in d["versions"]:
-        add(f"| {v['version_no']} | `{v['release_id'][:16]}` | {v['state']} | {v['published_by']} | "
-            f"{v['published_at']} | {_st(v['statement'])} |")
+    if days:
+        add("## Days")
+        add("")
+        add("| day | release | version | state | published by | published at | earlier versions |")
+        add("|---|---|---|---|---|---|---|")
+        for x in days:
+            earlier = ", ".join(f"{n} {what}" for n, what in ((x["superseded"], "replaced"),
+                                                              (x["withdrawn"], "withdrawn")) if n) or "-"
+            add(f"| {x['day']} | `{x['release_id'][:16]}` | {x['version_no']} | {x['state']} | {x['principal']} | "
+                f"{x['published_at']} | {earlier} |")
+        keyless = [v for v in d["versions"] if v.get("day") is None]
+        if keyless:
+            add("")
+            add("Versions of the whole family (before its days were versioned one by one):")
+            add("")
+    else:
+        keyless = d["versions"]
+    if keyless or not days:
+        if not days:
+            add("## Versions")
+            add("")
+        add("| version | release | state | published by | published at | (epsilon, delta) |")
+        add("|---|---|---|---|---|---|")
+        for v in keyless:
+            add(f"| {v['version_no']} | `{v['release_id'][:16]}` | {v['state']} | {v['published_by']} | "
+                f"{v['published_at']} | {_st(v['statement'])} |")
     add("")
     if d.get("pending"):
         add("## Pending releases")
@@ -822,7 +883,8 @@ def statement_markdown(d: Mapping[str, Any]) -> str:
     if not d["errata"]:
         add("None.")
     for e in d["errata"]:
-        add(f"- Version {e['version_no']} (release `{e['release_id'][:16]}`) withdrawn {e['withdrawn_at']} by "
+        on = "" if e.get("day") is None else f" of day {e['day']}"
+        add(f"- Version {e['version_no']}{on} (release `{e['release_id'][:16]}`) withdrawn {e['withdrawn_at']} by "
             f"{e['withdrawn_by']}: {e['reason']}. Its charge ({_b(e['charge_kept'])}) still counts.")
     add("")
     add("## What differential privacy does not cover")

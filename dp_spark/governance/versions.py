@@ -13,9 +13,13 @@ transactions under the budget lock of the releases' budgets:
     at           when it was published (UTC)
     changed_by   who made the last state change (null while current since publication)
     changed_at   when (UTC)
+    series_key   the key a version of a series publishes (the day of a day-keyed release
+                 refreshed a day at a time); null for a version of the whole family
 
-Invariant: at most one ``current`` version per family (a unique index of the ledger, checked
-again on every read). Every state change is one ledger transaction: publishing supersedes the
+Invariant: at most one ``current`` version per (family, series key) (a unique index of the
+ledger, checked again on every read): a family that is not a series has one current version,
+each new one superseding the last; a series keeps every day current, a day superseded only by
+a re-publication of that same day. Every state change is one ledger transaction: publishing supersedes the
 old current version and inserts the new one together; a rollback withdraws the current version
 and restores the previous one together. A crash leaves the old state or the new; two
 concurrent changes of a family are serialised by the ledger (a lost compare-and-set is
@@ -43,6 +47,7 @@ on Spark Connect and Databricks.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Sequence
 
@@ -53,6 +58,7 @@ from pyspark.sql.window import Window
 
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.delta.release_table import delta_schema, is_concurrent_change, latest_commit
+from dp_spark.governance.statement import is_series, series_days
 
 __all__ = [
     "PUBLISHED_SCHEMA",
@@ -68,8 +74,12 @@ __all__ = [
     "history",
     "published_view",
     "published_path_for",
+    "is_series",
+    "register_series_current",
     "series_current_path",
+    "series_days",
     "series_view",
+    "series_view_name",
     "write_series_current",
 ]
 
@@ -89,7 +99,10 @@ PUBLISHED_SCHEMA = T.StructType([
     T.StructField("at", T.TimestampType(), False),
     T.StructField("changed_by", T.StringType(), True),
     T.StructField("changed_at", T.TimestampType(), True),
+    T.StructField("series_key", T.StringType(), True),
 ])
+# the columns of a _published table written before versions had series keys (still adopted)
+_KEYLESS_FIELDS = [f for f in PUBLISHED_SCHEMA.fields if f.name != "series_key"]
 
 
 class VersionInvariantError(DpSparkError):
@@ -118,40 +131,46 @@ def _row(v) -> dict[str, Any]:
     """A ledger ``VersionRecord`` as a row of PUBLISHED_SCHEMA (timestamps aware UTC)."""
     return {"family": v.family, "version_no": v.version_no, "release_id": v.release_id, "state": v.state,
             "reason": v.reason, "principal": v.principal, "at": v.at, "changed_by": v.changed_by,
-            "changed_at": v.changed_at}
+            "changed_at": v.changed_at, "series_key": v.series_key}
 
 
 def record_publication(ledger: Any, family: str, release_id: str, principal: str, *,
-                       clock: Optional[Callable[[], datetime]] = None) -> int:
-    """Make ``release_id`` the current version of ``family``; return its version number.
+                       clock: Optional[Callable[[], datetime]] = None, series_key: Optional[str] = None) -> int:
+    """Make ``release_id`` the current version of ``family`` (of the key ``series_key`` of
+    it: the day of a day-keyed release refreshed a day at a time); return its version number.
 
-    The previous current version becomes ``superseded`` in the same ledger transaction.
+    The previous current version (of that key) becomes ``superseded`` in the same ledger
+    transaction.
     Idempotent per release id: a release id that already has a version (in any state) changes
     nothing and returns that version number, so a rerun (cache hit) of a withdrawn release does
     not bring it back. Call it only for official releases, after the release write and ledger
     commit.
     """
-    return record_publications(ledger, [(family, release_id)], principal, clock=clock)[0]
+    return record_publications(ledger, [(family, release_id, series_key)], principal, clock=clock)[0]
 
 
-def record_publications(ledger: Any, items: Sequence[tuple[str, str]], principal: str, *,
+def record_publications(ledger: Any, items: Sequence[tuple[str, ...]], principal: str, *,
                         clock: Optional[Callable[[], datetime]] = None) -> list[int]:
-    """:func:`record_publication` for several (family, release id) pairs, in order, in ONE
-    ledger transaction: a batch job versions all its releases at once. Within a family, each
-    new release supersedes the one before it, so the family's last new release ends up
-    current. Returns the version number of each item."""
-    items = [(_text(f, "family", 64), _text(r, "release_id", 128)) for f, r in items]
+    """:func:`record_publication` for several (family, release id[, series key]) items, in
+    order, in ONE ledger transaction: a batch job versions all its releases at once. Within a
+    family (a key of it), each new release supersedes the one before it, so the last new
+    release of each ends up current. Returns the version number of each item."""
+    norm = [(_text(it[0], "family", 64), _text(it[1], "release_id", 128),
+             None if len(it) < 3 or it[2] is None else _text(it[2], "series_key", 64)) for it in items]
     _text(principal, "principal")
-    if not items:
+    if not norm:
         return []
-    return ledger.record_versions(items, principal, now=_now(clock))
+    return ledger.record_versions(norm, principal, now=_now(clock))
 
 
 def rollback(ledger: Any, family: str, principal: str, reason: str, *,
-             clock: Optional[Callable[[], datetime]] = None) -> tuple[str, Optional[str]]:
+             clock: Optional[Callable[[], datetime]] = None,
+             series_key: Optional[str] = None) -> tuple[str, Optional[str]]:
     """Withdraw the current version of ``family`` and restore the latest earlier version
     that was not withdrawn (one ledger transaction). Returns (withdrawn release id, restored
     release id or None when no earlier version remains: the published view is then empty).
+    A series: the current version of the day ``series_key`` (default: the latest published
+    current version), its day's earlier version restored.
 
     Keeps the history and refunds no budget (see the module docstring). ``reason`` is
     recorded and shown in the privacy statement's errata: write why, never data values.
@@ -161,44 +180,53 @@ def rollback(ledger: Any, family: str, principal: str, reason: str, *,
     _text(family, "family", 64)
     _text(principal, "principal")
     _text(reason, "reason", MAX_REASON)
-    return ledger.withdraw_version(family, principal, reason, now=_now(clock))
+    if series_key is not None:
+        _text(series_key, "series_key", 64)
+    return ledger.withdraw_version(family, principal, reason, now=_now(clock), series_key=series_key)
 
 
 def history(ledger: Any, family: str) -> list[dict[str, Any]]:
     """Every version of the family (rows of PUBLISHED_SCHEMA as dicts), oldest first."""
     rows = [_row(v) for v in ledger.versions(family)]
-    if sum(1 for r in rows if r["state"] == "current") > 1:  # (the ledger refuses it too)
+    current = [(r["series_key"]) for r in rows if r["state"] == "current"]
+    if len(current) != len(set(current)):  # (the ledger refuses it too)
         raise VersionInvariantError(f"family {family!r} has several current versions")
     return rows
 
 
 def current_release_id(ledger: Any, family: str) -> Optional[str]:
-    """The release id of the family's current version, or None."""
+    """The release id of the family's current version (of a series: its latest published
+    current version), or None."""
     cur = [r for r in history(ledger, family) if r["state"] == "current"]
-    return cur[0]["release_id"] if cur else None
+    return cur[-1]["release_id"] if cur else None
 
 
 def published_view(spark: SparkSession, releases_path: str, ledger: Any, family: str) -> DataFrame:
     """The release table's rows of the family's current version only (official mode), as the
-    ledger has it now (read when this is called). Empty when the family has no current
-    version."""
+    ledger has it now (read when this is called); of a series (a family with versions keyed by
+    day), :func:`series_view`. Empty when the family has no current version."""
+    versions = history(ledger, family)
+    if is_series(versions):
+        return series_view(spark, releases_path, ledger, family, versions=versions)
     rel = spark.read.format("delta").load(releases_path).where(
         (F.col("release_family") == family) & (F.col("mode") == "official"))
-    current = current_release_id(ledger, family)
-    if current is None:
+    current = [r["release_id"] for r in versions if r["state"] == "current"]
+    if not current:
         return rel.where(F.lit(False))
-    return rel.where(F.col("release_id") == current)
+    return rel.where(F.col("release_id") == current[-1])
 
 
-def series_view(spark: SparkSession, releases_path: str, ledger: Any, family: str) -> DataFrame:
+def series_view(spark: SparkSession, releases_path: str, ledger: Any, family: str, *,
+                versions: Optional[Sequence[dict[str, Any]]] = None) -> DataFrame:
     """A family published as a series (e.g. one release per day, ``dp-spark refresh``): for
     each (key, statistic), the row of the latest version that published it and is not
     withdrawn. Exactly one row per key and statistic: a day re-published later shows its newer
     value, a withdrawn version's days fall back to the version before it (or vanish). Official
-    mode only; empty without versions. Read from the ledger's version record when called; the
-    ledger itself still keeps one current version per family (the others read ``superseded``
-    there)."""
-    live = [r for r in history(ledger, family) if r["state"] != "withdrawn"]
+    mode only; empty without versions. Read from the ledger's version record when called
+    (``versions``: :func:`history`, read already). A day of a series is current in the ledger
+    until that same day is re-published; versions recorded before the ledger kept series keys
+    read ``superseded`` there, and are served here all the same."""
+    live = [r for r in (history(ledger, family) if versions is None else versions) if r["state"] != "withdrawn"]
     rel = spark.read.format("delta").load(releases_path).where(
         (F.col("release_family") == family) & (F.col("mode") == "official"))
     if not live:
@@ -217,16 +245,46 @@ def series_current_path(output_root: str, family: str) -> str:
     return f"{output_root.rstrip('/')}/{family}_current"
 
 
-def write_series_current(spark: SparkSession, releases_path: str, ledger: Any, family: str, path: str) -> int:
+def write_series_current(spark: SparkSession, releases_path: str, ledger: Any, family: str, path: str, *,
+                         catalog_schema: Optional[str] = None) -> int:
     """Overwrite the Delta table ``<family>_current`` at ``path`` with :func:`series_view` (one
-    commit; a BI tool reads it as a table). Returns its number of rows."""
+    commit; a BI tool reads it as a table), and, with ``catalog_schema``, register it in the
+    session's catalog (:func:`register_series_current`). Returns its number of rows."""
     df = series_view(spark, releases_path, ledger, family).cache()
     try:
         n = df.count()
         df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
     finally:
         df.unpersist()
+    if catalog_schema is not None:
+        register_series_current(spark, catalog_schema, family, path)
     return n
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def series_view_name(catalog_schema: str, family: str) -> str:
+    """``<catalog_schema>.<family>_current``, each part quoted (ConfigError for a schema that
+    is not one or two identifiers, or a family that is not an identifier)."""
+    parts = catalog_schema.split(".")
+    if not 1 <= len(parts) <= 2 or not all(_IDENT.fullmatch(p) for p in parts):
+        raise ConfigError("series_schema must be a schema name, or catalog.schema (letters, digits, _)")
+    if not _IDENT.fullmatch(family):
+        raise ConfigError(f"family {family!r} is not a catalog name (letters, digits, _): its series has no view")
+    return ".".join(f"`{p}`" for p in (*parts, f"{family}_current"))
+
+
+def register_series_current(spark: SparkSession, catalog_schema: str, family: str, path: str) -> str:
+    """Register the Delta table at ``path`` (:func:`write_series_current`) in the session's
+    catalog as the view ``<catalog_schema>.<family>_current`` (``CREATE OR REPLACE VIEW ... AS
+    SELECT * FROM delta.`path```: public SQL; the view reads the path when queried, so each
+    refresh's overwrite shows through it). Returns the view's name."""
+    if "`" in path:
+        raise ConfigError("the output path of a series cannot contain a backquote")
+    name = series_view_name(catalog_schema, family)
+    spark.sql(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM delta.`{path}`")
+    return name
 
 
 # --------------------------------------------------------------------------------------
@@ -283,7 +341,8 @@ def adopt_published(ledger: Any, spark: SparkSession, path: str) -> bool:
     if schema is None or _recorded_count(latest_commit(spark, path)) is not None:
         return False
     have = {(f.name, f.dataType.simpleString()) for f in schema.fields}
-    if have != {(f.name, f.dataType.simpleString()) for f in PUBLISHED_SCHEMA.fields}:
+    if not any(have == {(f.name, f.dataType.simpleString()) for f in fields}
+               for fields in (PUBLISHED_SCHEMA.fields, _KEYLESS_FIELDS)):
         raise ConfigError(f"versions table '{path}' exists with another schema")
 
     def utc(t: Optional[datetime]) -> Optional[datetime]:  # naive UTC as stored (the session is UTC)
@@ -291,5 +350,6 @@ def adopt_published(ledger: Any, spark: SparkSession, path: str) -> bool:
 
     rows = spark.read.format("delta").load(path).collect()
     records = [VersionRecord(r["family"], int(r["version_no"]), r["release_id"], r["state"], r["reason"],
-                             r["principal"], utc(r["at"]), r["changed_by"], utc(r["changed_at"])) for r in rows]
+                             r["principal"], utc(r["at"]), r["changed_by"], utc(r["changed_at"]),
+                             r.asDict().get("series_key")) for r in rows]
     return ledger.import_versions(records)

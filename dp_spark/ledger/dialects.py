@@ -75,6 +75,9 @@ class SqlDialect(abc.ABC):
     @abc.abstractmethod
     def _table_exists(self, cur: Cursor, name: str) -> bool: ...
 
+    @abc.abstractmethod
+    def _column_exists(self, cur: Cursor, table: str, column: str) -> bool: ...
+
     # optional hooks (a store without them does nothing)
     def _schema_lock(self, cur: Cursor) -> None:  # noqa: B027
         """Serialise schema creation between processes (PostgreSQL: advisory lock)."""

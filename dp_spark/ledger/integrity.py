@@ -125,8 +125,10 @@ class Integrity(Transactions):
         return self._mac("audit", prev, *r[:10])
 
     # -- the version record of release families ----------------------------------------
-    def _version_mac(self, r: Sequence[Any]) -> str:
-        return self._mac("version", *r[:9])
+    def _version_mac(self, r: Sequence[Any], series_key: Optional[str]) -> str:
+        # r: the first nine VERSION_COLS. A version without a series key keeps the MAC it had
+        # before keys existed (the rows of older ledgers verify unchanged).
+        return self._mac("version", *r[:9]) if series_key is None else self._mac("version", *r[:9], series_key)
 
     # -- policy history ----------------------------------------------------------------
     def _policy_row_hash(self, prev: str, r: Sequence[Any]) -> str:

@@ -1,6 +1,6 @@
 """The ledger's schema migrations: numbered, in order, each a small function of a cursor.
 
-On open, every migration whose table is missing runs, in one write transaction under the
+On open, every migration whose table (or column) is missing runs, in one write transaction under the
 store's schema lock (PostgreSQL: an advisory lock; SQLite's write transaction is already
 exclusive), then every guard trigger is (re)created; the DDL is idempotent (``IF NOT
 EXISTS``), so two processes opening a new ledger at once both succeed. A new ledger runs
@@ -14,10 +14,12 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from dp_spark.ledger.dialects import Cursor
-from dp_spark.ledger.schema import CORE_DDL, FINGERPRINTS_DDL, POLICIES_DDL, STREAM_NODES_DDL, VERSIONS_DDL
+from dp_spark.ledger.schema import (
+    CORE_DDL, FINGERPRINTS_DDL, POLICIES_DDL, STREAM_NODES_DDL, VERSION_KEYS_DDL, VERSIONS_DDL,
+)
 
 __all__ = ["MIGRATIONS", "Migration", "migrate"]
 
@@ -44,6 +46,13 @@ def add_input_fingerprints(cur: Cursor) -> None:
     cur.x(FINGERPRINTS_DDL)
 
 
+def add_version_keys(cur: Cursor) -> None:
+    """5: versions keyed by (family, series key): ``dp_versions.series_key`` (a day of a
+    series; NULL otherwise) and one current version per (family, series key)."""
+    for stmt in VERSION_KEYS_DDL:
+        cur.x(stmt)
+
+
 def add_stream_nodes(cur: Cursor) -> None:
     """6: the noisy nodes of streams under continual release (``dp_stream_nodes``)."""
     cur.x(STREAM_NODES_DDL)
@@ -52,8 +61,9 @@ def add_stream_nodes(cur: Cursor) -> None:
 @dataclass(frozen=True)
 class Migration:
     number: int
-    table: str  # the table it creates: the migration is due while it is missing
+    table: str  # the table it creates (or alters): the migration is due while it is missing
     apply: Callable[[Cursor], None]
+    column: Optional[str] = None  # the column it adds to ``table``: also due while that is missing
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -61,21 +71,30 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "dp_policies", add_policy_history),
     Migration(3, "dp_versions", add_version_record),
     Migration(4, "dp_fingerprints", add_input_fingerprints),
-    # numbers label the migrations; a migration is due while its table is missing, so a gap
-    # in the numbers (5 is another table's) changes nothing
+    Migration(5, "dp_versions", add_version_keys, column="series_key"),
     Migration(6, "dp_stream_nodes", add_stream_nodes),
 )
 
 
-def migrate(cur: Cursor, *, table_exists: Callable[[Cursor, str], bool], schema_lock: Callable[[Cursor], None],
+def migrate(cur: Cursor, *, table_exists: Callable[[Cursor, str], bool],
+            column_exists: Callable[[Cursor, str, str], bool], schema_lock: Callable[[Cursor], None],
             guard_ddl: Callable[[], Sequence[str]]) -> list[int]:
     """Run the due migrations, in order, then (re)create every guard trigger; returns the
-    numbers of the migrations that ran (none: nothing is done)."""
-    due = [m for m in MIGRATIONS if not table_exists(cur, m.table)]
-    if due:
-        schema_lock(cur)
-        for m in due:
-            m.apply(cur)
+    numbers of the migrations that ran (none: nothing is done). What is due is decided again
+    under the schema lock (another process may have migrated meanwhile); a migration due
+    because its table is missing stays due after an earlier one creates it (a new ledger runs
+    them all, in order)."""
+    def due() -> list[Migration]:
+        return [m for m in MIGRATIONS if not table_exists(cur, m.table)
+                or (m.column is not None and not column_exists(cur, m.table, m.column))]
+
+    if not due():
+        return []
+    schema_lock(cur)
+    todo = due()
+    for m in todo:
+        m.apply(cur)
+    if todo:
         for stmt in guard_ddl():
             cur.x(stmt)
-    return [m.number for m in due]
+    return [m.number for m in todo]

@@ -165,6 +165,10 @@ class PostgresLedger(SqlLedger):
     def _table_exists(self, cur: Cursor, name: str) -> bool:
         return bool(cur.scalar("SELECT to_regclass(?) IS NOT NULL", (name,)))
 
+    def _column_exists(self, cur: Cursor, table: str, column: str) -> bool:
+        return cur.one("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(?) AND attname = ? "
+                       "AND NOT attisdropped", (table, column)) is not None
+
     def _schema_lock(self, cur: Cursor) -> None:
         cur.q("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_ID,))
 
@@ -199,6 +203,7 @@ class PostgresLedger(SqlLedger):
             trig("dp_versions_immutable", f"BEFORE UPDATE OF {IMMUTABLE_VERSION_COLUMNS}", "dp_versions"),
             trig("dp_versions_withdrawn_stays", "BEFORE UPDATE OF state", "dp_versions", "ROW",
                  "WHEN (OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn') "),
+            trig("dp_versions_key_immutable", "BEFORE UPDATE OF series_key", "dp_versions"),
             trig("dp_fingerprints_no_change", "BEFORE UPDATE OR DELETE", "dp_fingerprints"),
             trig("dp_fingerprints_no_truncate", "BEFORE TRUNCATE", "dp_fingerprints", "STATEMENT"),
             trig("dp_stream_nodes_no_change", "BEFORE UPDATE OR DELETE", "dp_stream_nodes"),

@@ -186,7 +186,9 @@ class PolicyRecord:
 class VersionRecord:
     """One published version of a release family (``dp_versions``): ``state`` is current,
     superseded or withdrawn; ``changed_by``/``changed_at`` name the last state change (None
-    while current since publication); ``reason`` why it was withdrawn."""
+    while current since publication); ``reason`` why it was withdrawn. ``series_key``: the key
+    (a day) this version of a series publishes, superseded only by a re-publication of that
+    key; None for a version of the whole family (one current version per family)."""
 
     family: str
     version_no: int
@@ -197,6 +199,7 @@ class VersionRecord:
     at: datetime
     changed_by: Optional[str]
     changed_at: Optional[datetime]
+    series_key: Optional[str] = None
 
 
 def policy_json(p: BudgetPolicy) -> str:

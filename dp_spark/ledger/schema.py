@@ -15,7 +15,10 @@
         PRIMARY KEY (budget_id, version)
     dp_versions(family, version_no, release_id, state, reason, principal, at, changed_by,
                 changed_at, mac)   PRIMARY KEY (family, version_no), UNIQUE (family, release_id),
-                at most one 'current' row per family (a partial unique index)
+                at most one 'current' row per family (a partial unique index);
+                + series_key (migration 5): the key (a day) a version of a series publishes,
+                NULL for a whole-family version; then at most one 'current' row per
+                (family, series_key)
     dp_fingerprints(release_id PK -> dp_entries, fingerprint, at, mac)
                 the keyed content fingerprint of the input rows a release read (write once)
     dp_stream_nodes(stream_id -> dp_entries, component, level, idx, value, at, mac)
@@ -46,6 +49,7 @@ __all__ = [
     "VERSIONS_DDL",
     "VERSIONS_SEQ",
     "VERSION_COLS",
+    "VERSION_KEYS_DDL",
 ]
 
 SCHEMA_VERSION = "1"  # dp_ledger_meta 'schema_version' (tables added later do not change it)
@@ -98,8 +102,20 @@ VERSIONS_DDL = (
     )""",
     "CREATE UNIQUE INDEX IF NOT EXISTS dp_versions_one_current ON dp_versions (family) WHERE state = 'current'",
 )
-VERSION_COLS = "family, version_no, release_id, state, reason, principal, at, changed_by, changed_at, mac"
+VERSION_COLS = "family, version_no, release_id, state, reason, principal, at, changed_by, changed_at, mac, series_key"
 IMMUTABLE_VERSION_COLUMNS = "family, version_no, release_id, principal, at"
+
+# Versions keyed by (family, series key): a family published a day at a time (a series) keeps
+# every day current, a day superseded only by a re-publication of that same day. A version's
+# key is fixed when it is inserted (a guard trigger of its own; the MAC covers it when set).
+# NULL keys (every version of a ledger before this, and of any family that is not a series)
+# keep one current version per family. Added to existing ledgers on open.
+VERSION_KEYS_DDL = (
+    "ALTER TABLE dp_versions ADD COLUMN series_key TEXT",
+    "DROP INDEX IF EXISTS dp_versions_one_current",
+    "CREATE UNIQUE INDEX IF NOT EXISTS dp_versions_one_current_key ON dp_versions "
+    "(family, COALESCE(series_key, '')) WHERE state = 'current'",
+)
 
 # The keyed content fingerprint of the input rows a committed release read (a scheduled
 # refresh compares it with the current input's: dp_spark.schedule). Written once per release,

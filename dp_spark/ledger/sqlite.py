@@ -127,6 +127,9 @@ class SQLiteLedger(SqlLedger):
     def _table_exists(self, cur: Cursor, name: str) -> bool:
         return cur.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)) is not None
 
+    def _column_exists(self, cur: Cursor, table: str, column: str) -> bool:
+        return cur.one("SELECT 1 FROM pragma_table_info(?) WHERE name = ?", (table, column)) is not None
+
     def _guard_ddl(self) -> Sequence[str]:
         def refuse(name: str, when: str, table: str, message: str, cond: str = "") -> str:
             return (
@@ -154,6 +157,8 @@ class SQLiteLedger(SqlLedger):
             refuse("dp_versions_withdrawn_stays", "BEFORE UPDATE OF state", "dp_versions",
                    "a withdrawn version stays withdrawn",
                    "WHEN OLD.state = 'withdrawn' AND NEW.state <> 'withdrawn' "),
+            refuse("dp_versions_key_immutable", "BEFORE UPDATE OF series_key", "dp_versions",
+                   "version fields are immutable"),
             refuse("dp_fingerprints_no_update", "BEFORE UPDATE", "dp_fingerprints", "fingerprints are written once"),
             refuse("dp_fingerprints_no_delete", "BEFORE DELETE", "dp_fingerprints", "fingerprints are written once"),
             refuse("dp_stream_nodes_no_update", "BEFORE UPDATE", "dp_stream_nodes", "stream nodes are written once"),

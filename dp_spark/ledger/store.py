@@ -189,7 +189,8 @@ class SqlLedger(Bindings, PolicyHistory, SpendWindows, AuditLog, Versions, Finge
         key_check = self._mac("key-check", SCHEMA_VERSION)
 
         def fn(cur: Cursor) -> None:
-            migrate(cur, table_exists=self._table_exists, schema_lock=self._schema_lock, guard_ddl=self._guard_ddl)
+            migrate(cur, table_exists=self._table_exists, column_exists=self._column_exists,
+                    schema_lock=self._schema_lock, guard_ddl=self._guard_ddl)
             rows = dict(cur.q("SELECT name, value FROM dp_ledger_meta"))
             if "schema_version" not in rows:
                 cur.x("INSERT INTO dp_ledger_meta (name, value) VALUES (?, ?)", ("schema_version", SCHEMA_VERSION))

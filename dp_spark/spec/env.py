@@ -72,6 +72,11 @@ class EnvModel(SpecModel):
         description="logical dataset -> its Delta path (contains /) or catalog table name, or {location, public}")
     output_root: PathText = Field("{warehouse}/releases", description="where official release tables go")
     exploration_root: PathText = Field("{warehouse}/exploration", description="where exploration release tables go")
+    series_schema: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$",
+        description="catalog schema (schema or catalog.schema) where dp-spark refresh registers each series' "
+                    "<family>_current as a view over its Delta path; unset: the Delta path "
+                    "<output_root>/<family>_current only (docs/series.md)")
     ledger_url: Optional[FreeText] = Field(None, description="sqlite:PATH (embedded; default sqlite:{warehouse}/ledger.db) or postgresql://... (shared)")
     policies: PathText = Field("conf/policies/budgets.yaml", description="budget policy file")
     ledger_mirror: PathText = Field("{warehouse}/ledger_mirror", description="Delta mirror of the ledger, for analysts")

@@ -213,6 +213,10 @@ class ReleaseSpec:
     #: ``stream: {horizon_days, start}``: each cell is the running total through its day,
     #: published through the binary-tree mechanism (one charge for the horizon)
     stream: Optional[StreamSpec] = None
+    #: a day release of a series (:func:`dp_spark.schedule.day_spec`): the day it publishes,
+    #: its version's key in the ledger (a day superseded only by that same day). Not part of
+    #: the release's identity: its canonical form, and so its release id, leave it out
+    series_key: Optional[str] = None
 
     # -- identity ------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:

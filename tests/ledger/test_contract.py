@@ -540,6 +540,67 @@ def test_an_older_ledger_gains_the_version_record_on_open(ledger_factory, policy
         ledger_factory.raw("DELETE FROM dp_versions")  # guarded as in a new ledger
 
 
+# -- versions keyed by day (a series) -----------------------------------------------------
+def _keyed(ledger, family):
+    return [(v.version_no, v.series_key, v.state) for v in ledger.versions(family)]
+
+
+def test_a_series_keeps_every_day_current_and_rolls_back_per_day(ledger, clock):
+    d1, d2 = "2026-11-01", "2026-11-02"
+    assert ledger.record_versions([("s", "a1", d1), ("s", "a2", d2), ("other", "o1"), ("other", "o2")], "bob") == \
+        [1, 2, 1, 2]
+    assert _keyed(ledger, "s") == [(1, d1, "current"), (2, d2, "current")]
+    assert _keyed(ledger, "other") == [(1, None, "superseded"), (2, None, "current")]  # not a series: as before
+    assert ledger.record_versions([("s", "b1", d1), ("s", "a2", d2)], "bob") == [3, 2]  # day 1 re-published
+    assert _keyed(ledger, "s") == [(1, d1, "superseded"), (2, d2, "current"), (3, d1, "current")]
+    # a day's rollback restores that day's earlier version, never another day's
+    assert ledger.withdraw_version("s", "admin_carol", "bad day 2", series_key=d2) == ("a2", None)
+    assert ledger.withdraw_version("s", "admin_carol", "bad input") == ("b1", "a1")  # the latest current
+    assert _keyed(ledger, "s") == [(1, d1, "current"), (2, d2, "withdrawn"), (3, d1, "withdrawn")]
+    with pytest.raises(ConfigError, match="no current version for that key"):
+        ledger.withdraw_version("s", "admin_carol", "x", series_key=d2)
+    ledger.verify()
+
+
+def test_version_keys_are_macd_and_guarded(ledger_factory, clock):
+    from dp_spark.errors import LedgerIntegrityError
+
+    led = ledger_factory(clock=clock)
+    led.record_versions([("s", "a1", "2026-11-01"), ("s", "b1", "2026-11-01"), ("s", "a2", "2026-11-02")], "bob")
+    for sql in ("UPDATE dp_versions SET series_key = '2026-11-03' WHERE version_no = 3",
+                "UPDATE dp_versions SET state = 'current' WHERE version_no = 1"):  # the guard, the index
+        with pytest.raises(Exception):
+            ledger_factory.raw(sql)
+    ledger_factory.drop_guards()  # an insider: the MAC still tells
+    ledger_factory.raw("UPDATE dp_versions SET series_key = '2026-11-03' WHERE version_no = 3")
+    with pytest.raises(LedgerIntegrityError, match="version 3 of family 's' edited"):
+        led.verify()
+
+
+def test_an_older_ledger_gains_version_keys_on_open(ledger_factory, policy):
+    """A ledger of a previous dp_spark (before migration 5): its versions (no key) verify and
+    keep their states; new versions of a series are keyed; guarded as in a new ledger."""
+    with ledger_factory() as led:
+        led.record_versions([("fam", "r1"), ("fam", "r2")], "bob")
+    ledger_factory.drop_guards()
+    ledger_factory.raw("DROP INDEX dp_versions_one_current_key")
+    ledger_factory.raw("ALTER TABLE dp_versions DROP COLUMN series_key")
+    ledger_factory.raw("CREATE UNIQUE INDEX dp_versions_one_current ON dp_versions (family) WHERE state = 'current'")
+    with ledger_factory() as led:
+        led.verify()
+        assert _keyed(led, "fam") == [(1, None, "superseded"), (2, None, "current")]
+        assert led.record_versions([("s", "d1", "2026-11-01"), ("s", "d2", "2026-11-02"), ("fam", "r3")], "bob") == \
+            [1, 2, 3]
+    with ledger_factory() as led:  # and opens again as it is
+        assert _keyed(led, "s") == [(1, "2026-11-01", "current"), (2, "2026-11-02", "current")]
+        assert _keyed(led, "fam") == [(1, None, "superseded"), (2, None, "superseded"), (3, None, "current")]
+        led.verify()
+    with pytest.raises(Exception):
+        ledger_factory.raw("UPDATE dp_versions SET series_key = 'x' WHERE family = 's'")  # guarded
+    with pytest.raises(Exception):
+        ledger_factory.raw("DELETE FROM dp_versions")
+
+
 # -- input fingerprints (dp_fingerprints) ---------------------------------------------------
 FP = "ab" * 32
 
