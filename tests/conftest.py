@@ -12,11 +12,12 @@ Markers are given from what a test needs, not by hand (``pytest_collection_modif
   :data:`LONG_TESTS`.
 
 ``make test`` and ``make test-fast`` run on two pytest-xdist workers with ``--dist loadgroup``:
-every ``spark`` test is in the group ``spark`` (:data:`SPARK_GROUP`), so they all run on one
-worker, in order, on one session (a session takes ~10 s to start and a second one would share
-the two cores), and so is every test of the shared Spark Connect server; the other tests
-(pure, PostgreSQL, a JVM of their own) are grouped by file (a module fixture runs once) and
-the files spread over both workers.
+the ``spark`` tests are in two groups, the end-to-end jobs of tests/jobs and tests/deploy
+(:data:`SPARK_JOBS_GROUP`, with every test of the shared Spark Connect server) and the rest
+(:data:`SPARK_GROUP`); each group runs on one worker, in order, on that worker's one session
+(a session takes ~10 s to start), so the two halves run side by side; the other tests (pure,
+PostgreSQL, a JVM of their own) are grouped by file (a module fixture runs once) and the
+files spread over both workers.
 
 ``make test-fast`` runs ``-m "not spark and not pg and not jvm and not slow"`` with no JVM on
 the path (a test that starts one without its marker fails there instead of being slow);
@@ -51,9 +52,14 @@ LONG_TESTS = frozenset({
 })
 PG_FILES = frozenset({"ledger/test_durability.py"})
 PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
-#: the xdist group of every ``spark`` test (``--dist loadgroup``): one worker, one session;
-#: the tests of the shared Spark Connect server join it (they must not run at the same time)
+#: the xdist groups of the ``spark`` tests (``--dist loadgroup``): each group on one worker and
+#: one session of that worker. The end-to-end jobs (tests/jobs, tests/deploy: mostly driver
+#: processes of their own, kill -9, a cluster, Spark Connect) are one group, every other Spark
+#: test the other, so on two workers the two halves run side by side, one session each; the
+#: tests of the shared Spark Connect server are all in the jobs group (never at the same time)
 SPARK_GROUP = "spark"
+SPARK_JOBS_GROUP = "spark-jobs"
+SPARK_JOBS_DIRS = ("jobs/", "deploy/")
 CONNECT_FIXTURES = frozenset({"connect_url"})
 
 
@@ -76,12 +82,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         fixtures = set(getattr(item, "fixturenames", ()))
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if "spark" in fixtures or rel.startswith("spark/"):
-            item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
-        elif fixtures & CONNECT_FIXTURES:
+        if fixtures & CONNECT_FIXTURES or (("spark" in fixtures) and rel.startswith(SPARK_JOBS_DIRS)):
             # the one Spark Connect server of the run: its users take turns (a held write and
-            # its takeover need both of its task slots), on the Spark tests' worker
+            # its takeover need both of its task slots), in the jobs group
+            if "spark" in fixtures:
+                item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.xdist_group(SPARK_JOBS_GROUP))
+        elif "spark" in fixtures or rel.startswith("spark/"):
+            item.add_marker(pytest.mark.spark)
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
         else:
             # a file's tests on one worker: a module-scoped fixture (a driver process, a built
