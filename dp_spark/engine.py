@@ -333,6 +333,17 @@ class Engine:
             detail=detail,
         )
 
+    def _record(self, spec: ReleaseSpec, release_id: str, *, version: bool = True) -> None:
+        """After a release is committed (or served): its version record (unless ``version`` is
+        false: an empty release leaves the family's current version as it was), then the derived
+        tables' refresh in the background, started after the version record so that it does not
+        compete with it, and also when versioning fails."""
+        try:
+            if version:
+                self._version(spec, release_id)
+        finally:
+            self._mirror()
+
     def _mirror(self) -> None:
         if self.refresh == "deferred":
             self._pending_mirror = True
@@ -569,21 +580,15 @@ class Engine:
         if entry is not None and entry.state == "committed":
             self._audit(spec, "cache_hit", release_id, None)
             stored = self._stored(spec, release_id, path, "cache_hit")
-            try:
-                if stored.rows or not spec.private_key_sets:  # an empty release is never versioned
-                    self._version(spec, release_id)  # heals a crash between commit and versioning
-            finally:
-                # the derived tables (the mirror of its audit row; one a killed run never refreshed)
-                self._mirror()
+            # an empty release is never versioned; a version heals a crash between commit and
+            # versioning; the derived tables: the mirror of its audit row, one a killed run never refreshed
+            self._record(spec, release_id, version=bool(stored.rows or not spec.private_key_sets))
             return stored
         if entry is not None and release_present(self.spark, path, release_id):
             # crashed after the write, before the commit: heal by committing what was written
             self.ledger.commit(release_id, entry.owner_token)
             self._audit(spec, "healed", release_id, None)
-            try:
-                self._version(spec, release_id)
-            finally:
-                self._mirror()
+            self._record(spec, release_id)
             return self._stored(spec, release_id, path, "healed")
 
         # 2. reserve (compare-and-set; exactly once). Nothing is created before the charge is
@@ -633,10 +638,7 @@ class Engine:
             detail = f"degraded from {_degraded_from}" if _degraded_from else ""
             detail = (detail + "; " if detail else "") + "noised on the executors"
             self._audit(spec, status, release_id, charged, detail)
-            try:
-                self._version(spec, release_id)
-            finally:
-                self._mirror()
+            self._record(spec, release_id)
             n_cells = spec.cells * len(spec.statistics)
             return self._result(spec, release_id, path, status, (), charge=charged,
                                 note=f"{n_cells} cells noised on the executors and written to {path}: read them "
@@ -680,12 +682,7 @@ class Engine:
         if not rows:
             detail = (detail + "; " if detail else "") + "no key was selected: nothing published"
         self._audit(spec, status, release_id, charged, detail)
-        try:
-            if rows:  # no key selected: the family's current version stays what it was
-                self._version(spec, release_id)
-        finally:
-            # after the version record: the background refresh does not compete with it
-            self._mirror()
+        self._record(spec, release_id, version=bool(rows))  # no key selected: the current version stays
         # the write committed exactly these rows: return them without reading the table back
         from dp_spark.delta.release_table import RELEASE_SCHEMA
 
@@ -724,10 +721,7 @@ class Engine:
         if release_present(self.spark, path, release_id):
             self._commit_stream(sid)  # heals a run killed between its write and the commit
             self._audit(spec, "cache_hit", release_id, None)
-            try:
-                self._version(spec, release_id)
-            finally:
-                self._mirror()
+            self._record(spec, release_id)
             return self._stored(spec, release_id, path, "cache_hit")
         # 2. the stream's one charge, at its first refresh
         charged: Optional[Budget] = None
@@ -784,10 +778,7 @@ class Engine:
                 pass
         self._commit_stream(sid)
         self._audit(spec, "published", release_id, charged, f"stream {sid}: point {plan.days} of {plan.horizon}")
-        try:
-            self._version(spec, release_id)
-        finally:
-            self._mirror()
+        self._record(spec, release_id)
         del rows
         return self._result(spec, release_id, path, "published", read_release(self.spark, path, release_id),
                             charge=charged, note=f"stream point {plan.days} of {plan.horizon}")
@@ -849,14 +840,23 @@ class Engine:
             raced = False
         except ConcurrentReleaseWrite:
             raced = True
+        stored = self._landed(path, release_id, owner, fresh=fresh, raced=raced)
+        return None if stored is None or same_cells(stored, rows) else stored
+
+    def _landed(self, path: str, release_id: str, owner: str, *, fresh: bool, raced: bool) -> Optional[list]:
+        """After a release write: None when this run's own write landed (a fresh reservation,
+        no concurrent write, still its owner); otherwise the cells stored under the release id
+        (the winner's), which must exist."""
+        from dp_spark.delta.release_table import read_release
+
         if fresh and not raced:
             entry = self.ledger.find(release_id)
             if entry is not None and entry.owner_token == owner:
-                return None  # ours landed (above)
+                return None
         stored = read_release(self.spark, path, release_id)
         if not stored:  # cannot happen: a write of this id landed (ours or the winner's)
             raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
-        return None if same_cells(stored, rows) else stored
+        return stored
 
     def _commit_if_owner(self, release_id: str, owner: str) -> None:
         """Commit the reservation, unless another run owns it now (it took it over)."""
@@ -968,8 +968,7 @@ class Engine:
         from pyspark.sql import types as T
 
         from dp_spark.backends.spark import NOISY_CELL_FIELDS, NOISY_KEY_PREFIX, noisy_release_frame
-        from dp_spark.delta.release_table import (RELEASE_SCHEMA, ConcurrentReleaseWrite, read_release,
-                                                  write_release_frame)
+        from dp_spark.delta.release_table import RELEASE_SCHEMA, ConcurrentReleaseWrite, write_release_frame
 
         cells = noisy_release_frame(partials_df, plan, self.source)
         common = self._common(spec, plan, policy, release_id, snapshot)
@@ -991,14 +990,7 @@ class Engine:
             raced = False
         except ConcurrentReleaseWrite:
             raced = True
-        if fresh and not raced:
-            entry = self.ledger.find(release_id)
-            if entry is not None and entry.owner_token == owner:
-                return None
-        stored = read_release(self.spark, path, release_id)
-        if not stored:
-            raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
-        return stored
+        return self._landed(path, release_id, owner, fresh=fresh, raced=raced)
 
 
 def publish(spec: ReleaseSpec, env: EnvConfig, **kwargs) -> ReleaseResult:

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from dp_spark.config import ReleaseSpec
+from dp_spark.core.search import smallest_passing
 from dp_spark.statistics.base import Clamp
 from dp_spark.errors import ConfigError
 
@@ -540,17 +541,7 @@ def discrete_laplace_difference_halfwidth(scale: float, alpha: float) -> int:
 
     if ok(0):
         return 0
-    hi = max(1, int(math.ceil(float(scale) * (math.log(1 / a) + 2))))
-    while not ok(hi):
-        hi *= 2
-    lo = 0  # invariant: not ok(lo), ok(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return smallest_passing(ok, int(math.ceil(float(scale) * (math.log(1 / a) + 2))))
 
 
 def _laplace_scale_of(row: Mapping[str, Any]) -> float:

@@ -70,6 +70,7 @@ from typing import Any, Iterable, Optional, Sequence
 from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError
 from dp_spark.core.events import GAUSSIAN, LAPLACE, NoiseEvent
+from dp_spark.core.search import smallest_passing
 from dp_spark.core.units import Aggregate, Neighbouring, sensitivity
 
 __all__ = ["SelectionPlan", "plan_selection", "laplace_threshold", "gaussian_threshold", "gaussian_tail",
@@ -132,32 +133,26 @@ def gaussian_tail(k: int, sigma: float) -> float:
     return _gauss_tail_sum(k, sigma) / _gauss_norm(sigma)
 
 
-def gaussian_threshold(sigma: Fraction, delta: Fraction, max_new_keys: int) -> int:
-    """The integer threshold tau: a key with one unit reaches ``count + Z >= tau`` with
-    probability at most ``delta / max_new_keys``, Z discrete Gaussian of ``sigma`` (its exact
-    tail, at sigma rounded up to the double the sampler uses; a relative margin on top)."""
+def _per_key_delta(delta: Fraction, max_new_keys: int) -> float:
+    """delta / max_new_keys: the probability a key of one unit may be published with (checked)."""
     if not 0 < delta < 1:
         raise ConfigError("the selection delta must be in (0, 1)")
     if max_new_keys < 1:
         raise ConfigError("max_new_keys must be >= 1")
+    return float(Fraction(delta) / max_new_keys)
+
+
+def gaussian_threshold(sigma: Fraction, delta: Fraction, max_new_keys: int) -> int:
+    """The integer threshold tau: a key with one unit reaches ``count + Z >= tau`` with
+    probability at most ``delta / max_new_keys``, Z discrete Gaussian of ``sigma`` (its exact
+    tail, at sigma rounded up to the double the sampler uses; a relative margin on top)."""
     s = _scale_float(Fraction(sigma))
-    p = float(Fraction(delta) / max_new_keys)
+    p = _per_key_delta(delta, max_new_keys)
 
     def ok(k: int) -> bool:  # monotone in k
         return gaussian_tail(k, s) <= p * (1.0 - _MARGIN)
 
-    hi = max(1, math.ceil(s * math.sqrt(2 * math.log(1.0 / p))))
-    while not ok(hi):
-        hi *= 2
-    lo = 0  # ok(lo) is false by convention (k >= 1); bisect for the smallest k with ok(k)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    k = hi
-    return 1 + k
+    return 1 + smallest_passing(ok, math.ceil(s * math.sqrt(2 * math.log(1.0 / p))))
 
 
 def _tail_for(mechanism: str, k: int, scale: float) -> float:
@@ -167,12 +162,8 @@ def _tail_for(mechanism: str, k: int, scale: float) -> float:
 def laplace_threshold(scale: Fraction, delta: Fraction, max_new_keys: int) -> int:
     """The integer threshold tau: a key with one unit (count 1) reaches ``count + Z >= tau``
     with probability at most ``delta / max_new_keys``, Z discrete Laplace of ``scale``."""
-    if not 0 < delta < 1:
-        raise ConfigError("the selection delta must be in (0, 1)")
-    if max_new_keys < 1:
-        raise ConfigError("max_new_keys must be >= 1")
     b = _scale_float(Fraction(scale))
-    p = float(Fraction(delta) / max_new_keys)
+    p = _per_key_delta(delta, max_new_keys)
     t = math.exp(-1.0 / b)
     k = max(1, math.ceil(b * (math.log(1.0 / p) - math.log1p(t))) - 1)
     while _tail(k, b) > p * (1.0 - _MARGIN):

@@ -10,31 +10,16 @@ import dataclasses
 import pytest
 from pyspark.sql import functions as F
 
+from tests.noise_sources import Shift
 from dp_spark.backends import spark as spark_backend
 from dp_spark.config import load_env, load_release_spec
 from dp_spark.engine import Engine
-from dp_spark.mechanisms.samplers import NoiseSource
 
 from .conftest import make_warehouse
 
 FIELDS = ("statistic", "key", "keys", "value", "ci_low", "ci_high", "confidence", "expected_abs_error",
           "mechanism", "noise_scale", "noise_stddev", "grid", "charge_json", "budget_id", "input_version",
           "band_low", "band_high")
-
-
-class Shift(NoiseSource):
-    """Every draw is ``c`` grid units (deterministic: both paths must publish the same cells)."""
-
-    name = "shift"
-
-    def __init__(self, c: int):
-        self.c = c
-
-    def discrete_laplace(self, scale, n):
-        return [self.c] * n
-
-    def discrete_gaussian(self, sigma, n):
-        return [self.c] * n
 
 
 def _publish(env_file, *, threshold=None, monkeypatch=None):

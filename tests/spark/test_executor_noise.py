@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from pyspark.sql import types as T
 
+from tests.noise_sources import Shift
 from dp_spark.backends.local import query_partials
 from dp_spark.backends.spark import (NOISY_CELL_FIELDS, NOISY_KEY_PREFIX, build_query_partials,
                                      collect_query_partials, noisy_release_frame)
@@ -30,22 +31,6 @@ STATS = [{"name": "rows", "kind": "count"},
          {"name": "total", "kind": "sum", "column": "v", "lower": 0, "upper": 100},
          {"name": "avg", "kind": "mean", "column": "v", "lower": 0, "upper": 100},
          {"name": "med", "kind": "quantile", "column": "v", "lower": 0, "upper": 100, "q": 0.5}]
-
-
-class Shift(NoiseSource):
-    """Every draw is ``c`` grid units: deterministic, so both paths must agree exactly, and a
-    cell whose value is not its true value + c was not noised."""
-
-    name = "shift"
-
-    def __init__(self, c: int):
-        self.c = c
-
-    def discrete_laplace(self, scale, n):
-        return [self.c] * n
-
-    def discrete_gaussian(self, sigma, n):
-        return [self.c] * n
 
 
 class Scaled(NoiseSource):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dp_spark.accountant import Accountant
-from dp_spark.core.budget import PureDP, ZCDP
+from dp_spark.core.budget import ZCDP
 from dp_spark.config import PrivateKeys, release_spec_from_dict
 from dp_spark.errors import ConfigError
 from dp_spark.mechanisms.samplers import OpenDPNoiseSource
@@ -80,10 +80,11 @@ def test_a_key_with_many_units_is_published_almost_surely():
     assert publish_probability(tau, scale, tau) > 0.5
 
 
-def _lone_key_rate_consistent(threshold: int, scale: Fraction, delta: float, n: int) -> tuple[int, float]:
+def _lone_key_rate_consistent(threshold: int, scale: Fraction, delta: float, n: int,
+                              mechanism: str = LAPLACE) -> tuple[int, float]:
     """Selections of n keys with one unit each, drawn by the production (OpenDP) sampler; the
     p-value of seeing that many or more if the true rate were delta."""
-    kept = keep_over_threshold([1] * n, scale, threshold, OpenDPNoiseSource())
+    kept = keep_over_threshold([1] * n, scale, threshold, OpenDPNoiseSource(), mechanism=mechanism)
     hits = sum(v is not None for v in kept)
     return hits, _binomial_sf(hits, n, delta)
 
@@ -128,16 +129,10 @@ def test_gaussian_threshold_is_the_smallest_with_a_lone_key_tail_below_delta_ove
     assert publish_probability(tau + tau - 2, sigma, tau, GAUSSIAN) == pytest.approx(1 - gaussian_tail(tau - 1, s))
 
 
-def _lone_key_rate_gaussian(threshold: int, sigma: Fraction, delta: float, n: int) -> tuple[int, float]:
-    kept = keep_over_threshold([1] * n, sigma, threshold, OpenDPNoiseSource(), mechanism=GAUSSIAN)
-    hits = sum(v is not None for v in kept)
-    return hits, _binomial_sf(hits, n, delta)
-
-
 def test_gaussian_lone_key_is_published_with_rate_at_most_delta():
     sigma, delta, n = Fraction(3), 0.05, 20_000
     tau = gaussian_threshold(sigma, Fraction(delta).limit_denominator(), 1)
-    hits, p_value = _lone_key_rate_gaussian(tau, sigma, delta, n)
+    hits, p_value = _lone_key_rate_consistent(tau, sigma, delta, n, GAUSSIAN)
     assert p_value > 1e-4, "lone keys published more often than delta allows"
     expected = publish_probability(1, sigma, tau, GAUSSIAN)
     sd = math.sqrt(n * expected * (1 - expected))
@@ -147,7 +142,7 @@ def test_gaussian_lone_key_is_published_with_rate_at_most_delta():
 def test_the_gaussian_lone_key_check_catches_a_threshold_one_too_low():
     sigma, delta, n = Fraction(3), 0.05, 20_000
     tau = gaussian_threshold(sigma, Fraction(delta).limit_denominator(), 1)
-    hits, p_value = _lone_key_rate_gaussian(tau - 1, sigma, delta, n)
+    hits, p_value = _lone_key_rate_consistent(tau - 1, sigma, delta, n, GAUSSIAN)
     assert p_value < 1e-4
 
 
