@@ -15,6 +15,7 @@ import pytest
 
 import dp_spark.engine as engine_mod
 import dp_spark.delta.mirror as mirror
+import dp_spark.governance.versions as versions_mod
 from dp_spark.config import load_env
 from dp_spark.engine import Engine, publish
 from dp_spark.governance import statement_dir
@@ -27,16 +28,19 @@ BUDGET = "demo_events_user"
 
 @pytest.fixture
 def gated(monkeypatch):
-    """Every mirror refresh waits at a gate (then runs for real); yields (entered, gate)."""
+    """Every refresh of the derived tables (the ledger's mirror, and ``_published`` beside it in
+    a second thread) waits at a gate (then runs for real); yields (entered, gate)."""
     entered, gate = threading.Event(), threading.Event()
-    real = mirror.mirror_to_delta
 
-    def held(*args, **kwargs):
-        entered.set()
-        assert gate.wait(120)
-        return real(*args, **kwargs)
+    def holding(real):
+        def held(*args, **kwargs):
+            entered.set()
+            assert gate.wait(120)
+            return real(*args, **kwargs)
+        return held
 
-    monkeypatch.setattr(mirror, "mirror_to_delta", held)
+    monkeypatch.setattr(mirror, "mirror_to_delta", holding(mirror.mirror_to_delta))
+    monkeypatch.setattr(versions_mod, "refresh_published", holding(versions_mod.refresh_published))
     yield entered, gate
     gate.set()
 
