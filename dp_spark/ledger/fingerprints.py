@@ -16,7 +16,7 @@ from typing import Optional
 
 from dp_spark.errors import LedgerError, LedgerIntegrityError
 from dp_spark.ledger.dialects import Cursor, Retry
-from dp_spark.ledger.integrity import Integrity
+from dp_spark.ledger.integrity import Integrity, edited_rows
 from dp_spark.ledger.records import UnknownReleaseError, check_text, ts_text
 from dp_spark.ledger.schema import FINGERPRINT_COLS
 
@@ -71,10 +71,5 @@ class Fingerprints(Integrity):
         return self._run("fingerprint", fn, write=False)
 
     def _fingerprint_problems(self, cur: Cursor) -> list[str]:
-        problems = []
-        for row in cur.q(f"SELECT {FINGERPRINT_COLS} FROM dp_fingerprints ORDER BY release_id"):
-            try:
-                self._checked_fingerprint(row)
-            except LedgerIntegrityError:
-                problems.append(f"input fingerprint of release {row[0]!r} edited outside the ledger")
-        return problems
+        return edited_rows(cur.q(f"SELECT {FINGERPRINT_COLS} FROM dp_fingerprints ORDER BY release_id"), self._checked_fingerprint,
+                           lambda row: f"input fingerprint of release {row[0]!r}")

@@ -22,7 +22,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, NoReturn, Optional, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Optional, Sequence
 
 from dp_spark.errors import DpSparkError, LedgerIntegrityError
 from dp_spark.ledger.dialects import Cursor
@@ -40,6 +40,18 @@ from dp_spark.ledger.schema import BUDGET_COLS, ENTRY_COLS
 from dp_spark.ledger.transactions import Transactions
 
 __all__ = ["BudgetRow", "Integrity"]
+
+
+def edited_rows(rows: Iterable[Any], check: Callable[[Any], Any], describe: Callable[[Any], str]) -> list[str]:
+    """For each of ``rows`` whose MAC ``check`` refuses (:class:`LedgerIntegrityError`), the
+    problem ``verify()`` reports: ``describe(row)`` + " edited outside the ledger"."""
+    problems = []
+    for row in rows:
+        try:
+            check(row)
+        except LedgerIntegrityError:
+            problems.append(f"{describe(row)} edited outside the ledger")
+    return problems
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from dp_spark.errors import LedgerError, LedgerIntegrityError
 from dp_spark.ledger.dialects import Cursor
-from dp_spark.ledger.integrity import Integrity
+from dp_spark.ledger.integrity import Integrity, edited_rows
 from dp_spark.ledger.records import UnknownReleaseError, check_text, ts_text
 from dp_spark.ledger.schema import STREAM_NODE_COLS
 
@@ -96,10 +96,5 @@ class StreamNodes(Integrity):
         return self._run("record_stream_nodes", fn, write=True)
 
     def _stream_node_problems(self, cur: Cursor) -> list[str]:
-        problems = []
-        for row in cur.q(f"SELECT {STREAM_NODE_COLS} FROM dp_stream_nodes ORDER BY stream_id, component, level, idx"):
-            try:
-                self._checked_stream_node(row)
-            except LedgerIntegrityError:
-                problems.append(f"a node of stream {row[0]!r} edited outside the ledger")
-        return problems
+        return edited_rows(cur.q(f"SELECT {STREAM_NODE_COLS} FROM dp_stream_nodes ORDER BY stream_id, component, level, idx"), self._checked_stream_node,
+                           lambda row: f"a node of stream {row[0]!r}")
