@@ -103,6 +103,38 @@ def cell_values(n: int) -> list[float]:
     return [min(float(UPPER), rng.gammavariate(2, 15)) for _ in range(n)]
 
 
+def _uniform(rng: random.Random) -> float:
+    return rng.uniform(LOWER, UPPER)
+
+
+def _bimodal(rng: random.Random) -> float:
+    return min(float(UPPER), max(float(LOWER), rng.gauss(20, 5) if rng.random() < 0.5 else rng.gauss(75, 8)))
+
+
+def _one_bin(rng: random.Random) -> float:
+    return 42.3 if rng.random() < 0.8 else min(float(UPPER), rng.gammavariate(2, 15))
+
+
+def _top(rng: random.Random) -> float:
+    return max(float(LOWER), UPPER - rng.gammavariate(2, 8))
+
+
+#: other data shapes for the error figures (``benchmarks/coverage.py --shape``): uniform on
+#: [0, 100]; half N(20, 5), half N(75, 8); 80% of the units at 42.3 (one bin), the rest
+#: Gamma(2, 15); 100 - Gamma(2, 8) (skewed toward the top); all clamped to [0, 100]
+SHAPES = {"gamma": None, "uniform": _uniform, "bimodal": _bimodal, "one_bin": _one_bin, "top": _top}
+
+
+def shape_values(shape: str, n: int) -> list[float]:
+    """The values of the cell of ``n`` units of one of :data:`SHAPES` (``gamma``:
+    :func:`cell_values`); test data with a fixed seed per size, not noise."""
+    draw = SHAPES[shape]
+    if draw is None:
+        return cell_values(n)
+    rng = random.Random(1000 + n)
+    return [draw(rng) for _ in range(n)]
+
+
 def exact_partials(plan, values: list[float]) -> dict[str, int]:
     """The partials the Spark aggregation collects for one cell of one-row units with these
     values (:mod:`dp_spark.statistics.components`): rows, units, the clamped fixed-point
@@ -232,8 +264,9 @@ def _noisy_components(plan, partials: dict[str, int], reps: int, source) -> dict
 
 
 def simulate(measure: str, reps: int = DEFAULT_REPS, seed: int = DEFAULT_SEED,
-             sizes=SIZES, levels=LEVELS) -> list[Entry]:
-    """The entries of one measure (module docstring). Test mode only (the seeded sampler).
+             sizes=SIZES, levels=LEVELS, shape: str = "gamma") -> list[Entry]:
+    """The entries of one measure (module docstring; the cells' values of ``shape``, one of
+    :data:`SHAPES`). Test mode only (the seeded sampler).
 
     Per size: one noise draw per component over ``reps`` cells (the same draws for every
     size), then each statistic's own post-processing (``StatisticKind.finish``, what
@@ -250,7 +283,7 @@ def simulate(measure: str, reps: int = DEFAULT_REPS, seed: int = DEFAULT_SEED,
         plan = plan_query(spec)
         source = _Replay(SeededNoiseSource(seed + offset))
         for n in sizes:
-            values = cell_values(n)
+            values = shape_values(shape, n)
             partials = exact_partials(plan, values)
             truth = bounded_truth(plan, values, partials)
             if source.calls:
