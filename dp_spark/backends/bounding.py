@@ -80,6 +80,8 @@ __all__ = [
     "clamp_to_fixed_point",
     "dedupe_unit_partition",
     "drop_null_units",
+    "flag_partitions_per_unit",
+    "flag_rows_per_unit",
     "keep_unique_events",
     "restrict_to_public_keys",
     "select_columns",
@@ -187,6 +189,24 @@ def _salt_frame(df: DataFrame, salt: str) -> DataFrame:
     ``F.lit(salt)``, so the salt is a value of the data and never appears in a query plan."""
     schema = T.StructType([T.StructField(_SALT_COL, T.StringType(), False)])
     return df.sparkSession.createDataFrame([(salt,)], schema)
+
+
+
+def _with_row_priority(df: DataFrame, salt: str) -> tuple[DataFrame, list[Column]]:
+    """``df`` + ``__dp_salt`` (one broadcast row: the salt is data, never a literal of the
+    plan) + ``__dp_row_prio``: long, the row's keyed priority, and the row order of every cut
+    by rows: (priority, then the input's columns as the tie break)."""
+    original = [f.name for f in df.schema.fields]
+    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
+    out = out.withColumn("__dp_row_prio", F.xxhash64(F.col(_SALT_COL), F.lit("row"),
+                                                     *[column_ref(c) for c in original]))
+    return out, [F.col("__dp_row_prio").asc(), *[column_ref(c).asc_nulls_first() for c in original]]
+
+
+def _partition_priority(unit: Column, part: Column) -> Column:
+    """A partition's keyed priority for its unit (the L0 cut keeps the smallest); needs the
+    ``__dp_salt`` column."""
+    return F.xxhash64(F.col(_SALT_COL), F.lit("partition"), unit, part)
 
 
 # --------------------------------------------------------------------------- selection
@@ -495,16 +515,7 @@ def bound_contributions(
 
     original = [f.name for f in df.schema.fields]
     unit = column_ref(unit_col)
-    row_prio = "__dp_row_prio"
-    tie_break = [column_ref(c).asc_nulls_first() for c in original]
-    # schema: input + __dp_salt: string (one broadcast row: the salt is data, never a literal
-    # of the plan) + __dp_row_prio: long
-    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
-    salt_col = F.col(_SALT_COL)
-    out = out.withColumn(
-        row_prio, F.xxhash64(salt_col, F.lit("row"), *[column_ref(c) for c in original])
-    )
-    row_order = [F.col(row_prio).asc(), *tie_break]
+    out, row_order = _with_row_priority(df, salt)
 
     if partition_col is None:
         limit = min(b for b in (k, linf) if b is not None)
@@ -526,7 +537,7 @@ def bound_contributions(
         w = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first(), *row_order)
         # schema: + __dp_part_prio: long, __dp_rank_unit: int; at most `limit` rows per unit
         out = out.withColumn(
-            part_prio, F.xxhash64(salt_col, F.lit("partition"), unit, part)
+            part_prio, _partition_priority(unit, part)
         ).withColumn("__dp_rank_unit", F.row_number().over(w)).where(F.col("__dp_rank_unit") <= limit)
         # schema: + __dp_first_part; a second window over the same (already sorted) order,
         # after the filter, so the first one keeps its partial top-k before the shuffle
@@ -542,7 +553,7 @@ def bound_contributions(
         part_prio = "__dp_part_prio"
         # schema: + __dp_part_prio: long
         out = out.withColumn(
-            part_prio, F.xxhash64(salt_col, F.lit("partition"), unit, part)
+            part_prio, _partition_priority(unit, part)
         )
         w0 = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first())
         # schema: + __dp_rank_part: int; keep the unit's L0 partitions of smallest priority
@@ -578,6 +589,49 @@ def bound_contributions(
         )
     # schema: input schema (temporary columns dropped)
     return out.select(*[column_ref(c) for c in original])
+
+
+
+def flag_rows_per_unit(df: DataFrame, *, unit_col: str, max_rows_per_unit: int, salt: str,
+                       flag_col: str) -> DataFrame:
+    """Input + ``flag_col``: boolean, True on exactly the rows that
+    :func:`bound_contributions` with ``partition_col=None`` and ``max_rows_per_unit=K`` keeps
+    (the unit's K rows of smallest keyed priority, the same priority and tie break), without
+    dropping the others: one pass can then aggregate the kept rows and still see every
+    (unit, partition) pair of the unit (the distinct-units count, which the K cut never cuts).
+    Privacy contract: the flagged rows are :func:`bound_contributions`' rows (same bounds)."""
+    if not isinstance(salt, str) or not salt:
+        raise ConfigError("salt must be a non-empty string")
+    k = _check_bound("max_rows_per_unit", max_rows_per_unit)
+    _check_no_temp_columns(df)
+    schema_field(df, unit_col, role="unit")
+    _check_identity_types(df, "hashed or sorted for row priority")
+    original = [f.name for f in df.schema.fields]
+    out, row_order = _with_row_priority(df, salt)
+    w = Window.partitionBy(column_ref(unit_col)).orderBy(*row_order)
+    # schema: input + flag_col: boolean
+    return out.withColumn(flag_col, F.row_number().over(w) <= F.lit(k)).select(
+        *[column_ref(c) for c in original], F.col(flag_col))
+
+
+def flag_partitions_per_unit(df: DataFrame, *, unit_col: str, partition_col: str,
+                             max_partitions_per_unit: int, salt: str, flag_col: str) -> DataFrame:
+    """Input + ``flag_col``: boolean, True on the rows in the unit's L0 partitions of
+    smallest keyed priority: the partitions :func:`bound_contributions`' L0 cut keeps (the
+    same priority, ties broken by the partition key). Nothing is dropped."""
+    if not isinstance(salt, str) or not salt:
+        raise ConfigError("salt must be a non-empty string")
+    l0 = _check_bound("max_partitions_per_unit", max_partitions_per_unit)
+    _check_no_temp_columns(df)
+    schema_field(df, unit_col, role="unit")
+    schema_field(df, partition_col, role="partition")
+    original = [f.name for f in df.schema.fields]
+    unit, part = column_ref(unit_col), column_ref(partition_col)
+    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
+    w = Window.partitionBy(unit).orderBy(_partition_priority(unit, part).asc(), part.asc_nulls_first())
+    # schema: input + flag_col: boolean
+    return out.withColumn(flag_col, F.dense_rank().over(w) <= F.lit(l0)).select(
+        *[column_ref(c) for c in original], F.col(flag_col))
 
 
 def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:
