@@ -81,7 +81,6 @@ __all__ = [
     "dedupe_unit_partition",
     "drop_null_units",
     "flag_partitions_per_unit",
-    "flag_rows_per_unit",
     "keep_unique_events",
     "restrict_to_public_keys",
     "select_columns",
@@ -418,8 +417,10 @@ def bound_contributions(
     max_rows_per_partition: int | None,
     max_rows_per_unit: int | None,
     salt: str,
+    flag_col: str | None = None,
 ) -> DataFrame:
-    """Enforce the contribution bounds of every privacy unit. Output schema = input schema.
+    """Enforce the contribution bounds of every privacy unit. Output schema = input schema
+    (+ ``flag_col``: boolean, when given).
 
     In this order:
 
@@ -461,7 +462,16 @@ def bound_contributions(
     key is reduced only after the shuffle (one task sorts them, spilling if needed).
 
     With ``partition_col=None`` there is one partition per unit: L0 is irrelevant and the unit
-    keeps ``min(K, Linf)`` rows (whichever are given). A bound given as None is not enforced;
+    keeps ``min(K, Linf)`` rows (whichever are given).
+
+    ``flag_col``: the K cut (step 3) is not applied but FLAGGED: every row the L0 and Linf cuts
+    keep is returned, with ``flag_col`` True on exactly the rows K keeps (False on the others;
+    True everywhere when K cannot bind). L0 and Linf never drop a whole (unit, partition) pair
+    of the partitions they keep (Linf >= 1), so one aggregation can count the unit in each of
+    those partitions and aggregate the flagged rows only (the distinct-units count, which the K
+    cut never cuts: :func:`dp_spark.backends.spark.build_query_partials`). The flagged rows are
+    the rows returned without ``flag_col``: the same bounds hold for them. Not with L0 = 1,
+    whose cuts are one window (and K cannot drop the one partition's pair there). A bound given as None is not enforced;
     at least one row bound must be given (K, or Linf with a partition column and L0).
 
     Null unit ids, if still present, form one unit and are bounded like any other (see
@@ -517,16 +527,23 @@ def bound_contributions(
     unit = column_ref(unit_col)
     out, row_order = _with_row_priority(df, salt)
 
+    kept = [] if flag_col is None else [F.col(flag_col)]
     if partition_col is None:
         limit = min(b for b in (k, linf) if b is not None)
         w = Window.partitionBy(unit).orderBy(*row_order)
-        # schema: input + __dp_row_prio + __dp_rank_unit: int, then filtered
-        out = out.withColumn("__dp_rank_unit", F.row_number().over(w)).where(
-            F.col("__dp_rank_unit") <= limit
-        )
-        return out.select(*[column_ref(c) for c in original])
+        # schema: input + __dp_row_prio + __dp_rank_unit: int, then filtered (or flagged)
+        out = out.withColumn("__dp_rank_unit", F.row_number().over(w))
+        if flag_col is not None and (linf is None or (k is not None and k < linf)):
+            out = out.withColumn(flag_col, F.col("__dp_rank_unit") <= F.lit(limit))
+        else:
+            out = out.where(F.col("__dp_rank_unit") <= limit)
+            if flag_col is not None:
+                out = out.withColumn(flag_col, F.lit(True))
+        return out.select(*[column_ref(c) for c in original], *kept)
 
     part = column_ref(partition_col)
+    if l0 == 1 and flag_col is not None:
+        raise ConfigError("internal: flag_col needs L0 > 1 (with L0 = 1 the K cut cannot drop the pair)")
     if l0 == 1:
         # One partition per unit: L0, Linf and K are one window. Rows ordered by the
         # partition's priority, then the row's: the unit's first row lies in its kept
@@ -583,35 +600,17 @@ def bound_contributions(
         ).where(F.col("__dp_row_in_unit") - F.col("__dp_first_row") < cell_linf)
     if k is not None and (max_left is None or k < max_left):
         w2 = Window.partitionBy(unit).orderBy(*row_order)
-        # schema: + __dp_rank_unit: int; at most K rows per unit
-        out = out.withColumn("__dp_rank_unit", F.row_number().over(w2)).where(
-            F.col("__dp_rank_unit") <= k
-        )
-    # schema: input schema (temporary columns dropped)
-    return out.select(*[column_ref(c) for c in original])
+        # schema: + __dp_rank_unit: int; at most K rows per unit (or flagged)
+        out = out.withColumn("__dp_rank_unit", F.row_number().over(w2))
+        if flag_col is None:
+            out = out.where(F.col("__dp_rank_unit") <= k)
+        else:
+            out = out.withColumn(flag_col, F.col("__dp_rank_unit") <= F.lit(k))
+    elif flag_col is not None:
+        out = out.withColumn(flag_col, F.lit(True))
+    # schema: input schema (temporary columns dropped) + flag_col when given
+    return out.select(*[column_ref(c) for c in original], *kept)
 
-
-
-def flag_rows_per_unit(df: DataFrame, *, unit_col: str, max_rows_per_unit: int, salt: str,
-                       flag_col: str) -> DataFrame:
-    """Input + ``flag_col``: boolean, True on exactly the rows that
-    :func:`bound_contributions` with ``partition_col=None`` and ``max_rows_per_unit=K`` keeps
-    (the unit's K rows of smallest keyed priority, the same priority and tie break), without
-    dropping the others: one pass can then aggregate the kept rows and still see every
-    (unit, partition) pair of the unit (the distinct-units count, which the K cut never cuts).
-    Privacy contract: the flagged rows are :func:`bound_contributions`' rows (same bounds)."""
-    if not isinstance(salt, str) or not salt:
-        raise ConfigError("salt must be a non-empty string")
-    k = _check_bound("max_rows_per_unit", max_rows_per_unit)
-    _check_no_temp_columns(df)
-    schema_field(df, unit_col, role="unit")
-    _check_identity_types(df, "hashed or sorted for row priority")
-    original = [f.name for f in df.schema.fields]
-    out, row_order = _with_row_priority(df, salt)
-    w = Window.partitionBy(column_ref(unit_col)).orderBy(*row_order)
-    # schema: input + flag_col: boolean
-    return out.withColumn(flag_col, F.row_number().over(w) <= F.lit(k)).select(
-        *[column_ref(c) for c in original], F.col(flag_col))
 
 
 def flag_partitions_per_unit(df: DataFrame, *, unit_col: str, partition_col: str,

@@ -24,12 +24,12 @@
       -> distinct units: the (unit, dp_cell) pairs cut to L0' = min(L0, K) cells and never by
          the Linf/K row cuts (a unit is counted in every one of its <= L0' cells, whichever K
          rows the row statistics keep; sensitivity L0' as before); when the K cut cannot drop
-         a pair (K >= L0 Linf') these are the (cell, unit) groups above; when K is the only
-         cut (no L0, no Linf), still ONE pass: the K cut flags its rows instead of dropping
-         them (flag_rows_per_unit), the first level groups every pair (the row statistics
-         aggregate the flagged rows) and L0' is a flag on those groups
-         (flag_partitions_per_unit); else (L0 or Linf binding) one more pass over the
-         distinct pairs
+         a pair (K >= L0 Linf') these are the (cell, unit) groups above; else, with public
+         keys, still ONE pass: the K cut flags its rows instead of dropping them
+         (bound_contributions' flag_col; L0 and Linf never drop a pair of the cells they keep),
+         the first level groups every pair (the row statistics aggregate the flagged rows) and
+         L0' is a flag on those groups (flag_partitions_per_unit); with private keys one more
+         pass over the distinct pairs
       -> collect: at most key tuples rows of longs reach the driver, streamed one Spark partition
          at a time and packed into int64 vectors (stream_partial_columns)
 
@@ -56,7 +56,6 @@ from dp_spark.backends.bounding import (
     clamp_to_fixed_point,
     drop_null_units,
     flag_partitions_per_unit,
-    flag_rows_per_unit,
     keep_unique_events,
     select_columns,
 )
@@ -338,21 +337,23 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     l0_eff = min(b.max_partitions_per_unit, cells) if not private else b.max_partitions_per_unit
     pairs_cut = units and b.max_rows_per_unit < l0_eff * min(linf or b.max_rows_per_unit, b.max_rows_per_unit)
     stream_units = getattr(spec, "stream", None) is not None and units
-    # K alone and distinct units the K cut would thin: ONE pass. The K cut flags its rows
-    # instead of dropping them, the first level below groups EVERY (cell, unit) pair (the row
+    # distinct units the K cut would thin (public keys): ONE pass. The K cut flags its rows
+    # instead of dropping them (L0 and Linf, applied, never drop a pair of the cells they
+    # keep), the first level below groups EVERY (cell, unit) pair of those cells (the row
     # statistics aggregate the flagged rows only) and the pairs' own L0' cut is a flag on those
     # groups: the same partials as the row bounding plus _units_per_cell's second pass over
-    # the input, with one read and one shuffle by the unit
-    one_pass = pairs_cut and l0 is None and linf is None and not private and not stream_units
+    # the input, with one read of it
+    one_pass = pairs_cut and not private and not stream_units
     kept = _free_name("dp_kept", spec.columns)
-    if one_pass:
-        df = flag_rows_per_unit(df, unit_col=unit, max_rows_per_unit=b.max_rows_per_unit, salt=salt, flag_col=kept)
-    elif l0 is None and linf is None:
+    flag = kept if one_pass else None
+    if l0 is None and linf is None:
         df = bound_contributions(df, unit_col=unit, partition_col=None, max_partitions_per_unit=None,
-                                 max_rows_per_partition=None, max_rows_per_unit=b.max_rows_per_unit, salt=salt)
+                                 max_rows_per_partition=None, max_rows_per_unit=b.max_rows_per_unit, salt=salt,
+                                 flag_col=flag)
     else:
         df = bound_contributions(df, unit_col=unit, partition_col=cell_name, max_partitions_per_unit=l0,
-                                 max_rows_per_partition=linf, max_rows_per_unit=b.max_rows_per_unit, salt=salt)
+                                 max_rows_per_partition=linf, max_rows_per_unit=b.max_rows_per_unit, salt=salt,
+                                 flag_col=flag)
     for comp in plan.components:
         if comp.clamp is not None and comp.fixed_column not in df.columns:
             c = comp.clamp
@@ -377,7 +378,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     per_unit = df.groupBy(column_ref(cell_name).alias(CELL), column_ref(unit)).agg(*[a.alias(n) for n, a in first.items()])
     final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
     if one_pass:
-        # every pair of the unrestricted rows is a group here; a unit counts in its first
+        # every pair of the cells the L0 cut keeps is a group here; a unit counts in its first
         # L0' = min(L0, K) cells by the row bounding's cell priority, as in _units_per_cell
         pair_l0 = min(l0_eff, b.max_rows_per_unit)
         counted = F.lit(True)
