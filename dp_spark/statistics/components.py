@@ -39,6 +39,8 @@ from typing import Optional
 
 from dp_spark.statistics.base import Clamp
 from dp_spark.core.units import Aggregate, ContributionBounds, Neighbouring
+from dp_spark.core.grid import grid_exponent_for
+from dp_spark.mechanisms.release import grid_midpoint, grid_sensitivity, plan_statistic
 
 _PART_BITS = 21
 _PART_MASK = 2**_PART_BITS - 1
@@ -89,8 +91,6 @@ class Component:
     @property
     def square_grid(self) -> tuple[int, int]:
         """(k2, S) of ``nsumsq``: the grid 2^k2 of the centred squares and their bound S."""
-        from dp_spark.core.grid import grid_exponent_for
-
         half = self.clamp.half_width * self.clamp.half_width / 2
         k2 = grid_exponent_for(-half, half)
         return k2, math.ceil(half / Fraction(2) ** k2)
@@ -121,7 +121,6 @@ class Component:
     def plan(self, bounds: ContributionBounds, relation: Neighbouring, share, cells: int):
         """The :class:`~dp_spark.mechanisms.release.StatisticPlan` of this component over
         ``cells`` key tuples (``cells * width`` noisy entries)."""
-        from dp_spark.mechanisms.release import plan_statistic
 
         agg, b = self._plan_inputs(bounds)
         return plan_statistic(self.name, agg, b, relation, share, self.grid_exponent, cells * self.width)
@@ -129,7 +128,6 @@ class Component:
     def real_sensitivity(self, bounds: ContributionBounds, relation: Neighbouring, cells: int,
                          measure: str) -> float:
         """L1 (pure_dp) or L2 (zcdp) sensitivity in real units: what the budget split weighs."""
-        from dp_spark.mechanisms.release import grid_sensitivity
 
         agg, b = self._plan_inputs(bounds)
         if b.max_partitions_per_unit > cells:
@@ -196,8 +194,6 @@ class Component:
         if self.kind == "sum":
             return [exact(f"dp_s_{_tag(self.clamp)}")]
         if self.kind == "nsum":
-            from dp_spark.mechanisms.release import grid_midpoint
-
             b = ContributionBounds(max_rows_per_unit=1, lower=self.clamp.lower, upper=self.clamp.upper)
             mid = grid_midpoint(b, self.clamp.grid_exponent)
             return [exact(f"dp_s_{_tag(self.clamp)}") - partials.get("dp_rows", 0) * mid]
@@ -223,8 +219,6 @@ class Component:
         if self.kind == "sum":
             return exact(f"dp_s_{_tag(self.clamp)}")
         if self.kind == "nsum":
-            from dp_spark.mechanisms.release import grid_midpoint
-
             b = ContributionBounds(max_rows_per_unit=1, lower=self.clamp.lower, upper=self.clamp.upper)
             mid = grid_midpoint(b, self.clamp.grid_exponent)
             return [t - r * mid for t, r in zip(exact(f"dp_s_{_tag(self.clamp)}"), dense("dp_rows" + sfx).tolist())]
