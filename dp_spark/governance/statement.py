@@ -47,6 +47,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from dp_spark.governance.series import is_series, series_days
 from dp_spark.core.budget import MEASURES, Budget, budget_from_json
 from dp_spark.errors import DpSparkError
 
@@ -63,8 +64,6 @@ __all__ = [
     "load_release_summaries",
     "build_and_write_statement",
     "StatementInconsistentError",
-    "is_series",
-    "series_days",
 ]
 
 SCHEMA = "dp_spark.privacy_statement/1"
@@ -602,34 +601,6 @@ def privacy_statement(
     }
 
 
-def is_series(versions: Sequence[dict[str, Any]]) -> bool:
-    """Whether a family's versions (:func:`dp_spark.governance.versions.history`) are those of a series: some version
-    publishes one key (a day) of it."""
-    return any(v.get("series_key") is not None for v in versions)
-
-
-def series_days(versions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The days (series keys) of a series, in key order, from its versions (:func:`dp_spark.governance.versions.history`):
-    ``{day, state, version_no, release_id, published_at, principal, versions, superseded,
-    withdrawn}`` each. ``state`` is ``current`` with the day's current version, else
-    ``withdrawn`` (every version of the day withdrawn: the day is not published);
-    ``versions`` counts all the day's versions, ``superseded`` / ``withdrawn`` the earlier ones
-    replaced or withdrawn."""
-    out = []
-    for day in sorted({v["series_key"] for v in versions if v.get("series_key") is not None}):
-        mine = [v for v in versions if v.get("series_key") == day]
-        cur = [v for v in mine if v["state"] == "current"]
-        shown = cur[-1] if cur else mine[-1]
-        out.append({"day": day, "state": "current" if cur else "withdrawn", "version_no": int(shown["version_no"]),
-                    "release_id": shown["release_id"], "published_at": shown["at"], "principal": shown["principal"],
-                    "versions": len(mine), "superseded": sum(1 for v in mine if v["state"] == "superseded"),
-                    "withdrawn": sum(1 for v in mine if v["state"] == "withdrawn")})
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# rendering and writing
-# --------------------------------------------------------------------------------------
 def _b(d: Optional[Mapping[str, Any]]) -> str:
     if not d:
         return "-"

@@ -58,7 +58,7 @@ from pyspark.sql.window import Window
 
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.delta.release_table import delta_schema, is_concurrent_change, latest_commit
-from dp_spark.governance.statement import is_series, series_days
+from dp_spark.governance.series import is_series, series_days
 
 __all__ = [
     "PUBLISHED_SCHEMA",
