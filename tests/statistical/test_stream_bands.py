@@ -85,3 +85,25 @@ def test_the_band_covers_the_whole_stream_together_and_pointwise_intervals_fail(
     # the band is the point's own interval at the Bonferroni level, and wider than the interval
     c = cells[-1]
     assert c["band_low"] < c["ci_low"] and c["ci_high"] < c["band_high"]
+
+
+def test_a_chart_reads_a_stream_band_over_every_point_whichever_release_wrote_it():
+    """``dp-spark chart`` on a stream's points: one band over all of them (Bonferroni), even
+    when several refreshes wrote them; changes marked only where bands do not overlap. The same
+    rows without the stream named in their charge_json are several releases: no band claim."""
+    import json
+
+    from dp_spark.evaluation.chart_data import series_chart_data
+
+    plan = _plan("zcdp")
+    (part,) = plan.parts
+    true_nodes = tree.node_values([NEW_USERS] * HORIZON, HORIZON)
+    noise = tree.draw_node_noise(part.calibration, source=SeededNoiseSource(73))
+    cells = plan.cells({part.name: {n: v + noise[n] for n, v in true_nodes.items()}})
+    stream = json.dumps({"stream": {"stream_id": "stream-abc"}})
+    rows = [{**c, "confidence": LEVEL, "release_id": f"r{i // 20}", "charge_json": stream} for i, c in enumerate(cells)]
+    (chart,) = series_chart_data(rows)
+    assert (chart.releases, chart.simultaneous, chart.band_rule, chart.change_method) == (1, True, "Bonferroni", "bands")
+    assert not chart.notes and len(chart.significant) > 0  # 500 new users a day: bands far apart
+    (plain,) = series_chart_data([{k: v for k, v in r.items() if k != "charge_json"} for r in rows])
+    assert (plain.releases, plain.change_method) == (3, "none")
