@@ -5,8 +5,10 @@ on tiny input whose exact running totals are known (4 orders a day, 2 or 3 new b
   suite's session: ONE ledger charge for the horizon (at day 1), every node of the tree stored
   once, each node's stored value = its exact sum + the seeded noise drawn for it when it
   completed, each point = the exact running total + the noises of its nodes (counts clamped at
-  0); every rerun a cache hit that charges and draws nothing; in the release table every point
-  is the same number, interval and band in every refresh that holds it, no cell twice.
+  0); every rerun a cache hit that charges and draws nothing; the release table holds each
+  point once (refresh d writes day d only: 180 rows, not 5,490), and ``show`` (so the chart:
+  one band, Bonferroni), the statement (60 days, the band) and ``<family>_current`` read the
+  whole stream, each day's refresh versioned under its day.
 * a REAL ``kill -9`` of ``dp-spark refresh`` (a subprocess with its own JVM,
   tests/deploy/stream_kill_driver.py) on the stream's first day, right after its first
   component's nodes were stored (the charge reserved, the other components' nodes not drawn,
@@ -175,19 +177,36 @@ def test_60_daily_refreshes_charge_once_and_publish_the_running_totals(spark, tm
         again = daily_refresh(local_engine(spark, env_file, source=SeededNoiseSource(99)), spec, D[t - 1])
         assert (again.status, again.charge, again.rows) == ("cache_hit", None, results[t - 1].rows)
     assert len(src.draws) == drawn and len(eng.ledger.entries(BUDGET)) == 1
-    # the table: each refresh d holds points 1 .. d; a point is the same number, interval and
-    # band in every refresh that holds it; no cell twice
+    # the table grows by the new day only: refresh d wrote point d, each point once (not the
+    # d points of days 1 .. d: 3 x 60 rows, not 3 x 1,830)
     rows = _table(spark, env_file)
-    cells = [(r["release_id"], r["statistic"], r["key"]) for r in rows]
-    assert len(cells) == len(set(cells)) == 3 * HORIZON * (HORIZON + 1) // 2
-    seen: dict = {}
-    for r in rows:
-        seen.setdefault((r["statistic"], r["key"]), set()).add(
-            (r["value"], r["ci_low"], r["ci_high"], r["band_low"], r["band_high"]))
-    assert len(seen) == 3 * HORIZON and all(len(v) == 1 for v in seen.values())
-    from dp_spark.governance.versions import current_release_id
+    cells = [(r["statistic"], r["key"]) for r in rows]
+    assert len(cells) == len(set(cells)) == 3 * HORIZON
+    assert {(r["release_id"], r["key"]) for r in rows} == {(x.release_id, d.isoformat()) for x, d in zip(results, D)}
+    # ... and every reader sees the whole stream: the days' versions (one per day, current)
+    from dp_spark.commands import show_family
+    from dp_spark.config import load_env
+    from dp_spark.delta.release_table import RELEASE_SCHEMA
+    from dp_spark.evaluation.chart_data import series_chart_data
+    from dp_spark.governance.versions import history, series_current_path, write_series_current
 
-    assert current_release_id(eng.ledger, NAME) == results[-1].release_id
+    env = load_env(env_file)
+    versions = history(eng.ledger, NAME)
+    assert [v["release_id"] for v in versions if v["state"] == "current"] == [x.release_id for x in results]
+    shown = show_family(env, NAME, columns=[f.name for f in RELEASE_SCHEMA.fields])
+    published = {(r["statistic"], r["key"]): r["value"] for r in rows}
+    assert {(r["statistic"], r["key"]): r["value"] for r in shown} == published  # show and chart
+    charts = series_chart_data(shown)
+    assert [(c.statistic, len(c.points), c.releases, c.simultaneous, c.band_rule) for c in charts] == [
+        (s, HORIZON, 1, True, "Bonferroni") for s in ("buyers", "orders", "revenue")]
+    current = series_current_path(env.output_root, NAME)
+    assert write_series_current(spark, f"{env.output_root}/{NAME}", eng.ledger, NAME, current) == 3 * HORIZON
+    assert {(r["statistic"], r["key"]): r["value"]
+            for r in spark.read.format("delta").load(current).collect()} == published  # <family>_current
+    from dp_spark.governance import statement_dir
+
+    text = (statement_dir(env) / f"{NAME}.md").read_text()  # the statement: the 60 days, the band
+    assert "all 180 points of its horizon" in text and all(d.isoformat() in text for d in D)
     print(f"60 refreshes (+6 reruns) in {loop:.1f}s, the file's first test in {time.monotonic() - t0:.1f}s")
 
 
@@ -253,8 +272,8 @@ def test_a_refresh_killed_after_its_nodes_heals_with_the_same_nodes(spark, tmp_p
     assert (second.status, second.charge) == ("published", None)
     again = daily_refresh(eng, spec, D[0])
     assert (again.status, again.charge, again.rows) == ("cache_hit", None, healed.rows)
-    cells = [(r["release_id"], r["statistic"], r["key"]) for r in _table(spark, env_file)]
-    assert len(cells) == len(set(cells)) == 3 * (1 + 2)
+    cells = [(r["statistic"], r["key"]) for r in _table(spark, env_file)]
+    assert len(cells) == len(set(cells)) == 3 * 2  # each point written once
     assert len(eng.ledger.entries(BUDGET)) == 1 and eng.ledger.status(BUDGET).spent == RHO
     print(f"killed after {killed:.1f}s; the test in {time.monotonic() - t0:.1f}s")
 
