@@ -4,6 +4,7 @@ engine's own noise and post-processing with the seeded exact sampler (no Spark; 
 
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py           # print the table
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py --write   # and put it in docs/accuracy.md
+    DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py --shape bimodal   # the quantiles' rows on other data
 
 Exit status 0 when every entry holds (dp_spark.evaluation.coverage.check), 1 otherwise (the
 failures are listed). The test tests/statistical/test_coverage_table.py runs the same checks.
@@ -31,11 +32,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=coverage.DEFAULT_REPS, help="releases of each cell (default %(default)s)")
     ap.add_argument("--seed", type=int, default=coverage.DEFAULT_SEED)
     ap.add_argument("--write", action="store_true", help=f"replace the table in {DOC.relative_to(ROOT)}")
+    ap.add_argument("--shape", choices=sorted(coverage.SHAPES), default="gamma",
+                    help="the cells' data (default %(default)s, the table's); another shape prints the quantiles' rows only")
     args = ap.parse_args(argv)
     if os.environ.get("DP_SPARK_TEST_MODE") != "1":
         ap.error("the seeded sampler is test-only: run with DP_SPARK_TEST_MODE=1")
+    if args.write and args.shape != "gamma":
+        ap.error("--write is for the table's own data (--shape gamma)")
     t0 = time.time()
-    entries = [e for m in coverage.MEASURES for e in coverage.simulate(m, args.reps, args.seed)]
+    entries = [e for m in coverage.MEASURES for e in coverage.simulate(m, args.reps, args.seed, shape=args.shape)]
+    if args.shape != "gamma":
+        entries = [e for e in entries if e.kind.startswith("quantile")]
     text = coverage.table(entries)
     print(text)
     bad = coverage.check(entries)

@@ -25,7 +25,9 @@ the driver's peak memory (JVM VmHWM and Python).
 
 The defaults are the full size: on a shared 2-core machine run a small scale, e.g.
 ``--rows 200000 --products 300`` (9,000 x 3 cells). ``--rows`` is generated once per work
-directory and reused.
+directory and reused. ``--spark-stages`` turns the Spark UI on and prints the slowest Spark
+stages of the last dp_spark run (from the UI's REST API): where the time of the one Spark job
+of the executor path goes.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def main() -> int:
     ap.add_argument("--path", choices=("auto", "driver", "executors"), default="auto")
     ap.add_argument("--keys", choices=("table", "list"), default="table")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--spark-stages", action="store_true",
+                    help="print the slowest Spark stages of the last dp_spark run (turns the Spark UI on)")
     args = ap.parse_args()
 
     from pyspark.sql import Window
@@ -69,7 +73,8 @@ def main() -> int:
     from dp_spark.engine import Engine
     from dp_spark.spark import get_or_create_session
 
-    spark = get_or_create_session(master="local[2]", extra_conf={"spark.driver.memory": "4g"})
+    conf = {"spark.driver.memory": "4g", **({"spark.ui.enabled": "true"} if args.spark_stages else {})}
+    spark = get_or_create_session(master="local[2]", extra_conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     mem, stages = Memory(spark), Stages()
     stages.install()
@@ -148,6 +153,7 @@ def main() -> int:
         plain(i)
         ta = time.monotonic() - t0
         t0 = time.monotonic()
+        first_stage = _last_stage_id(spark) if args.spark_stages else None
         path, commits = dp(i)
         tc = time.monotonic() - t0
         run = stages.runs[-1]
@@ -158,7 +164,41 @@ def main() -> int:
               f"Delta commits with cells {commits}", flush=True)
     stages.report("last run", last=1)
     print("  " + mem.peak(), flush=True)
+    if args.spark_stages:
+        _print_spark_stages(spark, first_stage)
     return 0
+
+
+def _stages(spark) -> list[dict]:
+    """The completed stages, from the Spark UI's REST API (public, read-only)."""
+    import json
+    import urllib.request
+
+    base = spark.sparkContext.uiWebUrl
+    app = spark.sparkContext.applicationId
+    with urllib.request.urlopen(f"{base}/api/v1/applications/{app}/stages?status=complete") as r:
+        return json.load(r)
+
+
+def _last_stage_id(spark) -> int:
+    return max((s["stageId"] for s in _stages(spark)), default=-1)
+
+
+def _print_spark_stages(spark, after: int, top: int = 10) -> None:
+    """The ``top`` slowest Spark stages after stage ``after`` (the last dp_spark run): wall time
+    from submission to completion, tasks, rows read, shuffle read and write."""
+    from datetime import datetime as _dt
+
+    def secs(st) -> float:
+        f = "%Y-%m-%dT%H:%M:%S.%fGMT"
+        return (_dt.strptime(st["completionTime"], f) - _dt.strptime(st["submissionTime"], f)).total_seconds()
+
+    mine = [s for s in _stages(spark) if s["stageId"] > after and s.get("submissionTime") and s.get("completionTime")]
+    print(f"  Spark stages of the last dp_spark run: {len(mine)}, wall {sum(secs(s) for s in mine):.1f}s "
+          f"(stages can overlap); the {top} slowest:")
+    for s in sorted(mine, key=secs, reverse=True)[:top]:
+        print(f"    {secs(s):7.1f}s  stage {s['stageId']:>4}  tasks {s['numTasks']:>4}  rows in {s['inputRecords']:>11,}  "
+              f"shuffle read {s['shuffleReadRecords']:>11,} write {s['shuffleWriteRecords']:>11,}  {s['name'][:60]}")
 
 
 if __name__ == "__main__":

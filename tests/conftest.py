@@ -14,8 +14,10 @@ Markers are given from what a test needs, not by hand (``pytest_collection_modif
 ``make test`` and ``make test-fast`` run on two pytest-xdist workers with ``--dist loadgroup``:
 the ``spark`` tests are in two groups, the end-to-end jobs of tests/jobs and tests/deploy
 (:data:`SPARK_JOBS_GROUP`, with every test of the shared Spark Connect server) and the rest
-(:data:`SPARK_GROUP`); each group runs on one worker, in order, on that worker's one session
-(a session takes ~10 s to start), so the two halves run side by side; the other tests (pure,
+(:data:`SPARK_GROUP`), with the longest Spark file apart (:data:`SPARK_LONG_GROUP`); each group
+runs on one worker, in order, on that worker's one session (a session takes ~10 s to start;
+a worker that runs two groups runs them one after the other on its one session), so the
+groups run side by side, never more than one session per worker; the other tests (pure,
 PostgreSQL, a JVM of their own) are grouped by file (a module fixture runs once) and the
 files spread over both workers.
 
@@ -60,6 +62,11 @@ PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
 SPARK_GROUP = "spark"
 SPARK_JOBS_GROUP = "spark-jobs"
 SPARK_JOBS_DIRS = ("jobs/", "deploy/")
+#: the Spark files long enough to be a group of their own (the ``where`` fuzz: 100-180 s of the
+#: run; ``make test-compat`` runs only tests/unit and tests/spark, where it was half the Spark
+#: time): :data:`SPARK_LONG_GROUP`, scheduled beside the other two like any group
+SPARK_LONG_GROUP = "spark-long"
+SPARK_LONG_FILES = frozenset({"spark/test_where_total.py"})
 CONNECT_FIXTURES = frozenset({"connect_url"})
 
 
@@ -90,7 +97,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SPARK_JOBS_GROUP))
         elif "spark" in fixtures or rel.startswith("spark/"):
             item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+            item.add_marker(pytest.mark.xdist_group(SPARK_LONG_GROUP if rel in SPARK_LONG_FILES else SPARK_GROUP))
         else:
             # a file's tests on one worker: a module-scoped fixture (a driver process, a built
             # wheel) runs once, not once per worker

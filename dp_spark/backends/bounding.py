@@ -80,6 +80,7 @@ __all__ = [
     "clamp_to_fixed_point",
     "dedupe_unit_partition",
     "drop_null_units",
+    "flag_partitions_per_unit",
     "keep_unique_events",
     "restrict_to_public_keys",
     "select_columns",
@@ -187,6 +188,24 @@ def _salt_frame(df: DataFrame, salt: str) -> DataFrame:
     ``F.lit(salt)``, so the salt is a value of the data and never appears in a query plan."""
     schema = T.StructType([T.StructField(_SALT_COL, T.StringType(), False)])
     return df.sparkSession.createDataFrame([(salt,)], schema)
+
+
+
+def _with_row_priority(df: DataFrame, salt: str) -> tuple[DataFrame, list[Column]]:
+    """``df`` + ``__dp_salt`` (one broadcast row: the salt is data, never a literal of the
+    plan) + ``__dp_row_prio``: long, the row's keyed priority, and the row order of every cut
+    by rows: (priority, then the input's columns as the tie break)."""
+    original = [f.name for f in df.schema.fields]
+    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
+    out = out.withColumn("__dp_row_prio", F.xxhash64(F.col(_SALT_COL), F.lit("row"),
+                                                     *[column_ref(c) for c in original]))
+    return out, [F.col("__dp_row_prio").asc(), *[column_ref(c).asc_nulls_first() for c in original]]
+
+
+def _partition_priority(unit: Column, part: Column) -> Column:
+    """A partition's keyed priority for its unit (the L0 cut keeps the smallest); needs the
+    ``__dp_salt`` column."""
+    return F.xxhash64(F.col(_SALT_COL), F.lit("partition"), unit, part)
 
 
 # --------------------------------------------------------------------------- selection
@@ -398,8 +417,10 @@ def bound_contributions(
     max_rows_per_partition: int | None,
     max_rows_per_unit: int | None,
     salt: str,
+    flag_col: str | None = None,
 ) -> DataFrame:
-    """Enforce the contribution bounds of every privacy unit. Output schema = input schema.
+    """Enforce the contribution bounds of every privacy unit. Output schema = input schema
+    (+ ``flag_col``: boolean, when given).
 
     In this order:
 
@@ -441,7 +462,16 @@ def bound_contributions(
     key is reduced only after the shuffle (one task sorts them, spilling if needed).
 
     With ``partition_col=None`` there is one partition per unit: L0 is irrelevant and the unit
-    keeps ``min(K, Linf)`` rows (whichever are given). A bound given as None is not enforced;
+    keeps ``min(K, Linf)`` rows (whichever are given).
+
+    ``flag_col``: the K cut (step 3) is not applied but FLAGGED: every row the L0 and Linf cuts
+    keep is returned, with ``flag_col`` True on exactly the rows K keeps (False on the others;
+    True everywhere when K cannot bind). L0 and Linf never drop a whole (unit, partition) pair
+    of the partitions they keep (Linf >= 1), so one aggregation can count the unit in each of
+    those partitions and aggregate the flagged rows only (the distinct-units count, which the K
+    cut never cuts: :func:`dp_spark.backends.spark.build_query_partials`). The flagged rows are
+    the rows returned without ``flag_col``: the same bounds hold for them. Not with L0 = 1,
+    whose cuts are one window (and K cannot drop the one partition's pair there). A bound given as None is not enforced;
     at least one row bound must be given (K, or Linf with a partition column and L0).
 
     Null unit ids, if still present, form one unit and are bounded like any other (see
@@ -495,27 +525,25 @@ def bound_contributions(
 
     original = [f.name for f in df.schema.fields]
     unit = column_ref(unit_col)
-    row_prio = "__dp_row_prio"
-    tie_break = [column_ref(c).asc_nulls_first() for c in original]
-    # schema: input + __dp_salt: string (one broadcast row: the salt is data, never a literal
-    # of the plan) + __dp_row_prio: long
-    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
-    salt_col = F.col(_SALT_COL)
-    out = out.withColumn(
-        row_prio, F.xxhash64(salt_col, F.lit("row"), *[column_ref(c) for c in original])
-    )
-    row_order = [F.col(row_prio).asc(), *tie_break]
+    out, row_order = _with_row_priority(df, salt)
 
+    kept = [] if flag_col is None else [F.col(flag_col)]
     if partition_col is None:
         limit = min(b for b in (k, linf) if b is not None)
         w = Window.partitionBy(unit).orderBy(*row_order)
-        # schema: input + __dp_row_prio + __dp_rank_unit: int, then filtered
-        out = out.withColumn("__dp_rank_unit", F.row_number().over(w)).where(
-            F.col("__dp_rank_unit") <= limit
-        )
-        return out.select(*[column_ref(c) for c in original])
+        # schema: input + __dp_row_prio + __dp_rank_unit: int, then filtered (or flagged)
+        out = out.withColumn("__dp_rank_unit", F.row_number().over(w))
+        if flag_col is not None and (linf is None or (k is not None and k < linf)):
+            out = out.withColumn(flag_col, F.col("__dp_rank_unit") <= F.lit(limit))
+        else:
+            out = out.where(F.col("__dp_rank_unit") <= limit)
+            if flag_col is not None:
+                out = out.withColumn(flag_col, F.lit(True))
+        return out.select(*[column_ref(c) for c in original], *kept)
 
     part = column_ref(partition_col)
+    if l0 == 1 and flag_col is not None:
+        raise ConfigError("internal: flag_col needs L0 > 1 (with L0 = 1 the K cut cannot drop the pair)")
     if l0 == 1:
         # One partition per unit: L0, Linf and K are one window. Rows ordered by the
         # partition's priority, then the row's: the unit's first row lies in its kept
@@ -526,7 +554,7 @@ def bound_contributions(
         w = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first(), *row_order)
         # schema: + __dp_part_prio: long, __dp_rank_unit: int; at most `limit` rows per unit
         out = out.withColumn(
-            part_prio, F.xxhash64(salt_col, F.lit("partition"), unit, part)
+            part_prio, _partition_priority(unit, part)
         ).withColumn("__dp_rank_unit", F.row_number().over(w)).where(F.col("__dp_rank_unit") <= limit)
         # schema: + __dp_first_part; a second window over the same (already sorted) order,
         # after the filter, so the first one keeps its partial top-k before the shuffle
@@ -542,7 +570,7 @@ def bound_contributions(
         part_prio = "__dp_part_prio"
         # schema: + __dp_part_prio: long
         out = out.withColumn(
-            part_prio, F.xxhash64(salt_col, F.lit("partition"), unit, part)
+            part_prio, _partition_priority(unit, part)
         )
         w0 = Window.partitionBy(unit).orderBy(F.col(part_prio).asc(), part.asc_nulls_first())
         # schema: + __dp_rank_part: int; keep the unit's L0 partitions of smallest priority
@@ -572,12 +600,37 @@ def bound_contributions(
         ).where(F.col("__dp_row_in_unit") - F.col("__dp_first_row") < cell_linf)
     if k is not None and (max_left is None or k < max_left):
         w2 = Window.partitionBy(unit).orderBy(*row_order)
-        # schema: + __dp_rank_unit: int; at most K rows per unit
-        out = out.withColumn("__dp_rank_unit", F.row_number().over(w2)).where(
-            F.col("__dp_rank_unit") <= k
-        )
-    # schema: input schema (temporary columns dropped)
-    return out.select(*[column_ref(c) for c in original])
+        # schema: + __dp_rank_unit: int; at most K rows per unit (or flagged)
+        out = out.withColumn("__dp_rank_unit", F.row_number().over(w2))
+        if flag_col is None:
+            out = out.where(F.col("__dp_rank_unit") <= k)
+        else:
+            out = out.withColumn(flag_col, F.col("__dp_rank_unit") <= F.lit(k))
+    elif flag_col is not None:
+        out = out.withColumn(flag_col, F.lit(True))
+    # schema: input schema (temporary columns dropped) + flag_col when given
+    return out.select(*[column_ref(c) for c in original], *kept)
+
+
+
+def flag_partitions_per_unit(df: DataFrame, *, unit_col: str, partition_col: str,
+                             max_partitions_per_unit: int, salt: str, flag_col: str) -> DataFrame:
+    """Input + ``flag_col``: boolean, True on the rows in the unit's L0 partitions of
+    smallest keyed priority: the partitions :func:`bound_contributions`' L0 cut keeps (the
+    same priority, ties broken by the partition key). Nothing is dropped."""
+    if not isinstance(salt, str) or not salt:
+        raise ConfigError("salt must be a non-empty string")
+    l0 = _check_bound("max_partitions_per_unit", max_partitions_per_unit)
+    _check_no_temp_columns(df)
+    schema_field(df, unit_col, role="unit")
+    schema_field(df, partition_col, role="partition")
+    original = [f.name for f in df.schema.fields]
+    unit, part = column_ref(unit_col), column_ref(partition_col)
+    out = df.crossJoin(F.broadcast(_salt_frame(df, salt)))
+    w = Window.partitionBy(unit).orderBy(_partition_priority(unit, part).asc(), part.asc_nulls_first())
+    # schema: input + flag_col: boolean
+    return out.withColumn(flag_col, F.dense_rank().over(w) <= F.lit(l0)).select(
+        *[column_ref(c) for c in original], F.col(flag_col))
 
 
 def keep_unique_events(df: DataFrame, *, unit_col: str) -> DataFrame:

@@ -24,8 +24,12 @@
       -> distinct units: the (unit, dp_cell) pairs cut to L0' = min(L0, K) cells and never by
          the Linf/K row cuts (a unit is counted in every one of its <= L0' cells, whichever K
          rows the row statistics keep; sensitivity L0' as before); when the K cut cannot drop
-         a pair (K >= L0 Linf') these are the (cell, unit) groups above, else one more pass
-         over the distinct pairs
+         a pair (K >= L0 Linf') these are the (cell, unit) groups above; else, with public
+         keys, still ONE pass: the K cut flags its rows instead of dropping them
+         (bound_contributions' flag_col; L0 and Linf never drop a pair of the cells they keep),
+         the first level groups every pair (the row statistics aggregate the flagged rows) and
+         L0' is a flag on those groups (flag_partitions_per_unit); with private keys one more
+         pass over the distinct pairs
       -> collect: at most key tuples rows of longs reach the driver, streamed one Spark partition
          at a time and packed into int64 vectors (stream_partial_columns)
 
@@ -51,6 +55,7 @@ from dp_spark.backends.bounding import (
     bound_contributions,
     clamp_to_fixed_point,
     drop_null_units,
+    flag_partitions_per_unit,
     keep_unique_events,
     select_columns,
 )
@@ -199,19 +204,23 @@ def component_row_columns(comp: Component) -> dict[str, Any]:
     return {}
 
 
-def component_aggregates(comp: Component, unit_col: str) -> dict[str, Any]:
-    """{alias: aggregate Column} of a component's partials per cell (longs)."""
+def component_aggregates(comp: Component, unit_col: str, kept=None) -> dict[str, Any]:
+    """{alias: aggregate Column} of a component's partials per cell (longs), over the rows
+    where the boolean column ``kept`` holds (every row when None)."""
+
+    def only_kept(col):
+        return col if kept is None else F.when(kept, col)
 
     def exact_sum(col: str, alias: str) -> dict[str, Any]:
         # v = hi 2^42 + mid 2^21 + lo: three long sums, exact for up to 2^42 rows per cell
-        v = F.col(col).cast(T.LongType())
+        v = only_kept(F.col(col).cast(T.LongType()))
         mask = F.lit((2**SUM_PART_BITS - 1)).cast(T.LongType())
         parts = {f"{alias}_lo": v.bitwiseAND(mask),
                  f"{alias}_mid": F.shiftright(v, SUM_PART_BITS).bitwiseAND(mask),
                  f"{alias}_hi": F.shiftright(v, 2 * SUM_PART_BITS)}
         return {a: F.coalesce(F.sum(e), F.lit(0).cast(T.LongType())) for a, e in parts.items()}
 
-    rows = {"dp_rows": F.count(F.lit(1)).cast(T.LongType())}
+    rows = {"dp_rows": F.count(only_kept(F.lit(1))).cast(T.LongType())}
     if comp.kind == "rows":
         return rows
     if comp.kind == "units":
@@ -226,7 +235,7 @@ def component_aggregates(comp: Component, unit_col: str) -> dict[str, Any]:
         return exact_sum(name, name)
     if comp.kind == "hist":
         b = F.col(f"dp_bin_{comp.bin_tag}")
-        return {comp.bin_column(j): F.coalesce(F.sum(F.when(b == j, F.lit(1)).otherwise(F.lit(0))),
+        return {comp.bin_column(j): F.coalesce(F.sum(F.when(only_kept(b) == j, F.lit(1)).otherwise(F.lit(0))),
                                               F.lit(0)).cast(T.LongType())
                 for j in range(comp.bins)}
     raise ValueError(f"unknown component kind {comp.kind!r}")
@@ -323,12 +332,28 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     linf = b.max_rows_per_partition
     if linf is not None and linf >= b.max_rows_per_unit:
         linf = None  # the K window keeps fewer rows anyway
+    units = any(c.kind == "units" for c in plan.components)
+    # the K cut can drop a whole (unit, cell) pair only when it binds below L0 x Linf'
+    l0_eff = min(b.max_partitions_per_unit, cells) if not private else b.max_partitions_per_unit
+    pairs_cut = units and b.max_rows_per_unit < l0_eff * min(linf or b.max_rows_per_unit, b.max_rows_per_unit)
+    stream_units = getattr(spec, "stream", None) is not None and units
+    # distinct units the K cut would thin (public keys): ONE pass. The K cut flags its rows
+    # instead of dropping them (L0 and Linf, applied, never drop a pair of the cells they
+    # keep), the first level below groups EVERY (cell, unit) pair of those cells (the row
+    # statistics aggregate the flagged rows only) and the pairs' own L0' cut is a flag on those
+    # groups: the same partials as the row bounding plus _units_per_cell's second pass over
+    # the input, with one read of it
+    one_pass = pairs_cut and not private and not stream_units
+    kept = _free_name("dp_kept", spec.columns)
+    flag = kept if one_pass else None
     if l0 is None and linf is None:
         df = bound_contributions(df, unit_col=unit, partition_col=None, max_partitions_per_unit=None,
-                                 max_rows_per_partition=None, max_rows_per_unit=b.max_rows_per_unit, salt=salt)
+                                 max_rows_per_partition=None, max_rows_per_unit=b.max_rows_per_unit, salt=salt,
+                                 flag_col=flag)
     else:
         df = bound_contributions(df, unit_col=unit, partition_col=cell_name, max_partitions_per_unit=l0,
-                                 max_rows_per_partition=linf, max_rows_per_unit=b.max_rows_per_unit, salt=salt)
+                                 max_rows_per_partition=linf, max_rows_per_unit=b.max_rows_per_unit, salt=salt,
+                                 flag_col=flag)
     for comp in plan.components:
         if comp.clamp is not None and comp.fixed_column not in df.columns:
             c = comp.clamp
@@ -339,12 +364,9 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             if name not in df.columns:
                 df = df.withColumn(name, col)
     aggs: dict[str, Any] = {}
-    units = False
     for comp in plan.components:
-        for alias, agg in component_aggregates(comp, unit).items():
-            if alias == "dp_units":
-                units = True  # counted below as the number of (cell, unit) groups
-            else:
+        for alias, agg in component_aggregates(comp, unit, F.col(kept) if one_pass else None).items():
+            if alias != "dp_units":  # dp_units: counted below as the number of (cell, unit) groups
                 aggs.setdefault(alias, agg)
     # Two levels, two shuffles in all: per (cell, unit) first -- the rows are already
     # hash-partitioned by the unit after bounding, so this needs no shuffle -- then per cell,
@@ -355,10 +377,17 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     first = aggs or {"dp_rows_": F.count(F.lit(1))}
     per_unit = df.groupBy(column_ref(cell_name).alias(CELL), column_ref(unit)).agg(*[a.alias(n) for n, a in first.items()])
     final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
-    # the K cut can drop a whole (unit, cell) pair only when it binds below L0 x Linf'
-    l0_eff = min(b.max_partitions_per_unit, cells) if not private else b.max_partitions_per_unit
-    pairs_cut = units and b.max_rows_per_unit < l0_eff * min(linf or b.max_rows_per_unit, b.max_rows_per_unit)
-    stream_units = getattr(spec, "stream", None) is not None and units
+    if one_pass:
+        # every pair of the cells the L0 cut keeps is a group here; a unit counts in its first
+        # L0' = min(L0, K) cells by the row bounding's cell priority, as in _units_per_cell
+        pair_l0 = min(l0_eff, b.max_rows_per_unit)
+        counted = F.lit(True)
+        if pair_l0 < cells:
+            per_unit = flag_partitions_per_unit(per_unit, unit_col=unit, partition_col=CELL,
+                                                max_partitions_per_unit=pair_l0, salt=salt, flag_col=kept)
+            counted = F.col(kept)
+        final.append(F.count(F.when(counted, F.lit(1))).cast(T.LongType()).alias("dp_units"))
+        return per_unit.groupBy(CELL).agg(*final)
     if stream_units:
         units = pairs_cut = False  # counted on each unit's first day (above), joined below
     if units and not pairs_cut:

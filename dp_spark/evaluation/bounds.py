@@ -11,7 +11,7 @@ Two tools:
      unit is kept with probability min(1, K/n_u) and E[kept sum] = min(1, K/n_u) * sum of the
      unit's clamped values;
    * the **variance**: the noise variance the engine's plan gives for that K and [L, U]
-     (:func:`dp_spark.engine.plan_release` on the re-bounded spec, so sensitivities, grid and
+     (:func:`dp_spark.engine.plan_for` on the re-bounded spec, so sensitivities, grid and
      budget split are the engine's own) plus the sampling variance of the K-subset
      (K (n_u - K) / (n_u - 1) * s_u^2 per unit, s_u^2 the population variance of its clamped
      values; 0 when n_u <= K). For a mean, the delta method over the bounded count;

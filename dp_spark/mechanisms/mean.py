@@ -576,8 +576,9 @@ def mean_cell_accuracy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_
                        mechanism: str, sum_scale, sum_unit, count_scale) -> dict:
     """Everything a release publishes about one mean cell, from its two noisy values and the
     public noise laws: ``value``, ``ci_low``, ``ci_high``, ``noise_stddev`` and
-    ``expected_abs_error`` (Fractions for the first three). The engine's ``noise_cells`` and
-    the epsilon explorer both call this, so the explorer predicts exactly what is published.
+    ``expected_abs_error`` (Fractions for the first three). The mean kind's ``finish``
+    (:mod:`dp_spark.statistics.moments`) and the epsilon explorer both call this, so the
+    explorer predicts exactly what is published.
 
     The interval is :func:`mean_interval_large_count` when the count is large, else the union
     bound :func:`mean_interval` with the exact alpha/2 half-widths of the two noises;

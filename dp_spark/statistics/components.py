@@ -206,3 +206,28 @@ class Component:
         if self.kind == "hist":
             return [partials.get(self.bin_column(j), 0) for j in range(self.bins)]
         raise ValueError(f"unknown component kind {self.kind!r}")
+
+    def true_column(self, dense) -> Optional[list[int]]:
+        """:meth:`true_values` of every cell at once (one value per cell), from
+        ``dense(name)``: partial ``name`` over the cells (an int64 vector, zeros where a cell
+        is absent). Exact Python integers, without a dict per cell. None for a histogram
+        (several values per cell: the per-cell path)."""
+        sfx = window_suffix(self.window)
+
+        def exact(alias: str) -> list[int]:
+            hi, mid, lo = (dense(f"{alias}_{part}{sfx}").tolist() for part in ("hi", "mid", "lo"))
+            return [(h << (2 * _PART_BITS)) + (m << _PART_BITS) + v for h, m, v in zip(hi, mid, lo)]
+
+        if self.kind in ("rows", "units"):
+            return dense(("dp_rows" if self.kind == "rows" else "dp_units") + sfx).tolist()
+        if self.kind == "sum":
+            return exact(f"dp_s_{_tag(self.clamp)}")
+        if self.kind == "nsum":
+            from dp_spark.mechanisms.release import grid_midpoint
+
+            b = ContributionBounds(max_rows_per_unit=1, lower=self.clamp.lower, upper=self.clamp.upper)
+            mid = grid_midpoint(b, self.clamp.grid_exponent)
+            return [t - r * mid for t, r in zip(exact(f"dp_s_{_tag(self.clamp)}"), dense("dp_rows" + sfx).tolist())]
+        if self.kind == "nsumsq":
+            return exact(self.square_alias)
+        return None

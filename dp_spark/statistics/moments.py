@@ -76,7 +76,7 @@ from dp_spark.core.fields import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.noise import (cell, expected_abs, halfwidth, interval_columns, joint_alpha, law_nodes,
-                                      plugin_error, stddev)
+                                      plugin_error, shared_sum_columns, stddev)
 
 DEFAULT_GROUP_SIZE = 100
 
@@ -284,7 +284,13 @@ class Sum(StatisticKind):
 
     def finish_columns(self, stat, grids, plans, alpha):
         if len(grids) != 1:  # the sum from the shared row count and the normalised sum
-            return None
+            comps = {c.kind: c for c in grids}
+            pr, ps = plans[comps["rows"]], plans[comps["nsum"]]
+            mid = stat.clamp.midpoint
+            h, sd, expected = shared_sum_accuracy(ps.mechanism, Fraction(ps.scale), ps.grid_unit,
+                                                  Fraction(pr.scale), mid, float(alpha))
+            return shared_sum_columns(grids[comps["nsum"]], grids[comps["rows"]], ps, pr, mid, Fraction(h),
+                                      sd=sd, expected=expected)
         (c,) = grids
         return interval_columns(grids[c], plans[c], alpha, at_least_zero=False)
 

@@ -197,3 +197,37 @@ def interval_columns(grid, plan, alpha: Fraction, *, at_least_zero: bool) -> Opt
     for f in ("value", "ci_low", "ci_high"):
         del fixed[f]
     return {**out, **fixed}
+
+
+def _dyadic(x: Fraction) -> Optional[tuple[int, int]]:
+    """``x`` as (m, e) with x = m 2^e exactly, or None when its denominator is not a power of 2."""
+    x = Fraction(x)
+    d = x.denominator
+    if d & (d - 1):
+        return None
+    return x.numerator, -(d.bit_length() - 1)
+
+
+def shared_sum_columns(grid_sum, grid_rows, plan_sum, plan_rows, mid: Fraction, h: Fraction, *,
+                       sd: float, expected: float) -> Optional[dict[str, Any]]:
+    """Vectorised value and interval of a sum released from the normalised sum and the shared
+    row count, v = S~ u_S + mid C~ u_C, [v - h, v + h] (``Sum.finish``), equal to the per-cell
+    Fraction's floats bit for bit: every term is a dyadic rational, so each is ONE Python
+    integer numerator over a common power of two 2^-e (exact, any size) and its float the
+    correctly rounded quotient (Python's int / int), with no Fraction per cell. None (per-cell
+    path) for a midpoint or half-width that is not dyadic (a spec's bounds are snapped to the
+    grid: only a direct call has one)."""
+    m, h_ = _dyadic(mid), _dyadic(h)
+    if m is None or h_ is None:
+        return None
+    k_s, k_r = int(plan_sum.grid_exponent), int(plan_rows.grid_exponent)
+    e = min(k_s, k_r + m[1], h_[1], 0)
+    a, b = k_s - e, k_r + m[1] - e  # shifts >= 0 of the two terms onto 2^e
+    hh, den, mm = h_[0] << (h_[1] - e), 1 << -e, m[0] << b
+    v = [(int(s) << a) + mm * int(r) for s, r in zip(grid_sum.tolist(), grid_rows.tolist())]
+    out: dict[str, Any] = {f: np.array([(x + d) / den for x in v], dtype=np.float64)
+                           for f, d in (("value", 0), ("ci_low", -hh), ("ci_high", hh))}
+    fixed = cell(0, 0, 0, plan=plan_sum, sd=sd, expected=expected)
+    for f in ("value", "ci_low", "ci_high"):
+        del fixed[f]
+    return {**out, **fixed}

@@ -360,6 +360,10 @@ def true_vector(comp, partials: Mapping[int, Mapping[str, int]], n: int) -> np.n
         if isinstance(partials, PartialColumns):
             return partials.dense(name, n)
         return np.fromiter((partials.get(i, empty).get(name, 0) for i in range(n)), dtype=np.int64, count=n)
+    if isinstance(partials, PartialColumns):
+        column = comp.true_column(lambda name: partials.dense(name, n))
+        if column is not None:
+            return as_int_array(column)
     out: list[int] = []
     for i in range(n):
         out.extend(comp.true_values(partials.get(i, empty)))

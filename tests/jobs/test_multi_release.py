@@ -92,9 +92,9 @@ def test_plan_has_one_shuffle_for_bounding_and_one_for_the_aggregation(spark, wa
     partials = build_query_partials(df, plan_for(spec), "salt")
     plan = partials._jdf.queryExecution().executedPlan().toString()
     # hash exchanges: one by the unit (bounding), one by the cell (aggregation); its distinct
-    # units (K = 10 < L0 x Linf = 15: the K cut could drop a (unit, cell) pair) are counted
-    # from the pairs cut to L0': one more by the unit (pairs and L0 cut), one by the cell
-    assert plan.count("Exchange hashpartitioning") == 4, plan
+    # units (K = 10 < L0 x Linf = 15: the K cut could drop a (unit, cell) pair) come from the
+    # same pass (the K cut flagged, the pairs are the first level's groups): no more exchange
+    assert plan.count("Exchange hashpartitioning") == 2, plan
     # without a distinct count: the two of the single pass
     rows_only = dataclasses.replace(spec, statistics=tuple(s for s in spec.statistics if s.kind != "distinct_units"))
     plan = build_query_partials(df, plan_for(rows_only), "salt")._jdf.queryExecution().executedPlan().toString()

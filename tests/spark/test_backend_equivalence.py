@@ -99,8 +99,11 @@ CASES = {
                                         "max_rows_per_partition": 3}),
     # L0 = 1: one window
     "l0_one": dict(bounds={"max_rows_per_unit": 6, "max_partitions_per_unit": 1, "max_rows_per_partition": 2}),
-    # L0 >= the cells: no cell cut, K alone
+    # L0 >= the cells: no cell cut, K alone (distinct units in one pass with the K cut as a
+    # flag: a unit counts in its first min(L0, K) = 3 cells by priority)
     "k_only": dict(bounds={"max_rows_per_unit": 3, "max_partitions_per_unit": 5}),
+    # K alone, K >= the cells: the one pass counts a unit in every cell it has rows in
+    "k_only_every_cell": dict(bounds={"max_rows_per_unit": 6, "max_partitions_per_unit": 8}),
     # two public key columns (string x date), L0 < cells, no Linf, and a where
     "two_keys_where": dict(bounds={"max_rows_per_unit": 8, "max_partitions_per_unit": 3},
                            group_by=BY_REGION_DAY, where="n >= 3 AND region <> 'r_1'", py_where=_where_n_region),

@@ -79,3 +79,23 @@ def test_sum_beyond_2_63_neither_wraps_nor_raises(spark, ansi, ansi_on):
     top = int(clamp.upper / 2**clamp.grid_exponent)
     got = _partials(df, plan)[REGIONS[0]]
     assert got["sum"] == n * top and got["sum"] > 2**63
+
+
+# --------------------------------------------------------------------------- one pass
+
+
+def test_distinct_units_under_the_k_cut_read_the_input_once(spark, tmp_path):
+    """K alone (L0 >= the cells, no Linf) with distinct units that the K cut would thin: the
+    row statistics and the (unit, cell) pairs come from ONE scan of the input (the K cut is a
+    flag, not a second pass over the rows), and a unit with 20 rows in 2 cells still counts in
+    both while its rows are cut to K."""
+    plan = _plan(0, 100, bounds={"max_rows_per_unit": K, "max_partitions_per_unit": 5})
+    rows = [("heavy", REGIONS[i % 2], 10.0, i) for i in range(20)] + [("light", REGIONS[2], 5.0, 100)]
+    spark.createDataFrame(rows, EVENT_DDL).write.parquet(str(tmp_path / "events"))
+    df = spark.read.parquet(str(tmp_path / "events"))
+    partials = build_query_partials(df, plan, SALT)
+    scans = partials._jdf.queryExecution().optimizedPlan().toString().count("] parquet")
+    assert scans == 1, f"the input is read {scans} times"
+    got = _partials(df, plan)
+    assert got[REGIONS[0]]["units"] == 1 and got[REGIONS[1]]["units"] == 1 and got[REGIONS[2]]["units"] == 1
+    assert got[REGIONS[0]]["rows"] + got[REGIONS[1]]["rows"] == K and got[REGIONS[2]]["rows"] == 1

@@ -689,3 +689,27 @@ def test_salt_never_appears_in_the_plan(spark, partition_col, l0, linf, k):
         want = df.withColumn("r", F.row_number().over(w)).where(F.col("r") <= k).drop("r")
     assert_df_equality(out, want, ignore_row_order=True)
     assert out.columns == df.columns
+
+
+@pytest.mark.parametrize("bounds", [
+    dict(partition_col=None, max_partitions_per_unit=None, max_rows_per_partition=None, max_rows_per_unit=4),
+    dict(partition_col="day", max_partitions_per_unit=3, max_rows_per_partition=None, max_rows_per_unit=4),
+    dict(partition_col="day", max_partitions_per_unit=3, max_rows_per_partition=2, max_rows_per_unit=4),
+    dict(partition_col="day", max_partitions_per_unit=None, max_rows_per_partition=2, max_rows_per_unit=5),
+])
+def test_the_k_cut_as_a_flag_keeps_every_pair_and_flags_exactly_the_bounded_rows(spark, bounds):
+    """``flag_col``: the flagged rows are exactly the rows ``bound_contributions`` keeps
+    without it, and the rows returned hold every (unit, day) pair of the days the L0 cut
+    keeps (the K cut, flagged, drops no pair)."""
+    df = _grid(spark, units=30, days=6, rows_per_cell=3).select("unit", "day", "event_id")
+    kept = bound_contributions(df, unit_col="unit", salt=SALT, **bounds)
+    flagged = bound_contributions(df, unit_col="unit", salt=SALT, flag_col="dp_kept", **bounds)
+    assert flagged.columns == ["unit", "day", "event_id", "dp_kept"]
+    assert_df_equality(flagged.where("dp_kept").drop("dp_kept"), kept, ignore_row_order=True)
+    # the pairs: every pair of the days the L0 cut keeps (all days without an L0 cut)
+    l0_only = bound_contributions(df, unit_col="unit", salt=SALT, partition_col="day",
+                                  max_partitions_per_unit=bounds["max_partitions_per_unit"] or 6,
+                                  max_rows_per_partition=3, max_rows_per_unit=None)
+    assert_df_equality(flagged.select("unit", "day").distinct(), l0_only.select("unit", "day").distinct(),
+                       ignore_row_order=True)
+    assert flagged.where("NOT dp_kept").count() > 0  # K binds: some rows are only flagged out

@@ -13,13 +13,18 @@ import pytest
 from dp_spark.config import release_spec_from_dict
 from dp_spark.mechanisms.samplers import RecordingNoiseSource, SeededNoiseSource
 from dp_spark.statistics.base import kind_of
-from dp_spark.statistics.noise import interval_columns
+from dp_spark.statistics.noise import interval_columns, shared_sum_columns
 from dp_spark.statistics.plan import plan_query
 
 STATS = [{"name": "rows", "kind": "count"}, {"name": "units", "kind": "distinct_units"},
          {"name": "total", "kind": "sum", "column": "v", "lower": -10, "upper": 100},
          {"name": "centred", "kind": "sum", "column": "v", "lower": -50, "upper": 50},
          {"name": "avg", "kind": "mean", "column": "v", "lower": -10, "upper": 100}]
+
+
+#: a sum sharing the row count with a bound snapped to the grid (0.3 -> 157287 / 2^19): a
+#: midpoint with a long binary expansion
+SNAPPED = {"name": "tenth", "kind": "sum", "column": "v", "lower": 0, "upper": 0.3}
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +65,10 @@ def _per_cell(plan, partials, seed):
 
 @pytest.mark.parametrize("measure", ["zcdp", "pure_dp"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_vectorised_cells_equal_the_per_cell_finish(measure, seed):
-    plan = _plan(measure)
+@pytest.mark.parametrize("stats", ["shipped", "snapped_midpoint"])
+def test_vectorised_cells_equal_the_per_cell_finish(measure, seed, stats):
+    stats = STATS if stats == "shipped" else STATS + [SNAPPED]
+    plan = _plan(measure, stats)
     rng = np.random.default_rng(seed)  # test data only, never noise
     partials = {}
     for i in range(20):
@@ -75,7 +82,7 @@ def test_vectorised_cells_equal_the_per_cell_finish(measure, seed):
                     partials[i][f"{comp.sum_alias}_hi"] = int(rng.integers(-2, 2))
     got = plan.noise(partials, SeededNoiseSource(seed))
     want = _per_cell(plan, partials, seed)
-    assert len(got) == len(want) == 20 * len(STATS)
+    assert len(got) == len(want) == 20 * len(stats)
     for g, w in zip(got, want):
         g = {k: v for k, v in g.items() if k != "keys"}
         assert g == w  # bit-for-bit equal floats, same fields
@@ -123,3 +130,73 @@ def test_partial_columns_are_the_partials_mapping():
     assert plan.noise(cols, SeededNoiseSource(9)) == plan.noise(as_dict, SeededNoiseSource(9))
     with pytest.raises(Exception, match="sorted, distinct"):
         PartialColumns(np.array([3, 3]), {"dp_rows": np.array([1, 2])})
+
+
+def test_a_sum_sharing_the_row_count_is_vectorised_at_any_size_and_falls_back_off_the_dyadics():
+    """The shared-count sum (value = noisy normalised sum + midpoint x noisy count) takes the
+    vector path (one int64 numerator per cell over a common power of two); a midpoint or
+    half-width that is no dyadic rational (a spec's bounds are snapped to the grid, so only a
+    direct call has one) returns None: the exact per-cell path. Noisy sums of any size are
+    exact (Python integers), equal to the per-cell Fractions' floats."""
+    plan = _plan("zcdp", STATS + [SNAPPED])
+    alpha = Fraction(1, 20)
+    for name in ("total", "tenth"):
+        i = [s.name for s in plan.spec.statistics].index(name)
+        stat, comps = plan.spec.statistics[i], plan.stat_components[i]
+        assert sorted(c.kind for c in comps) == ["nsum", "rows"]
+        plans = {c: plan.plan_of(c) for c in comps}
+        grids = {c: np.array([-3, 0, 41], dtype=np.int64) for c in comps}
+        assert kind_of("sum").finish_columns(stat, grids, plans, alpha) is not None
+        # any size: exact integers, whatever the magnitude of the noisy sums
+        huge = {c: np.array([2**62, -(2**62), 1], dtype=np.int64) for c in comps}
+        by = {c.kind: c for c in comps}
+        cols = kind_of("sum").finish_columns(stat, huge, plans, alpha)
+        for j in range(3):
+            want = kind_of("sum").finish(stat, {c: Fraction(int(huge[c][j])) * plans[c].grid_unit for c in comps},
+                                         plans, alpha)
+            assert [cols[f][j] for f in ("value", "ci_low", "ci_high")] == [want[f] for f in ("value", "ci_low", "ci_high")]
+        args = (grids[by["nsum"]], grids[by["rows"]], plans[by["nsum"]], plans[by["rows"]])
+        assert shared_sum_columns(*args, Fraction(1, 3), Fraction(1, 2), sd=1.0, expected=1.0) is None
+        assert shared_sum_columns(*args, Fraction(1, 2), Fraction(1, 3), sd=1.0, expected=1.0) is None
+        assert shared_sum_columns(*args, Fraction(1, 2), Fraction(1, 2), sd=1.0, expected=1.0) is not None
+
+
+def test_true_columns_equal_the_per_cell_true_values_for_every_kind_and_window():
+    """``Component.true_column`` (every cell at once, from the partial columns) gives exactly
+    ``true_values`` per cell (from the partials' dicts) for every kind, windowed or not, with
+    sum parts whose exact total passes 2^63."""
+    stats = STATS + [{"name": "var", "kind": "variance", "column": "v", "lower": -10, "upper": 100},
+                     {"name": "med", "kind": "quantile", "column": "v", "lower": 0, "upper": 100, "q": 0.5},
+                     {"name": "units2", "kind": "distinct_units", "window": {"days": 2}},
+                     {"name": "rows2", "kind": "count", "window": {"days": 2}}]
+    kinds = set()
+    for plan in (_plan("zcdp", stats), _plan("zcdp", [STATS[2]])):  # the second: a sum without a count
+        kinds |= _true_columns_equal(plan)
+    assert {"rows", "units", "sum", "nsum", "nsumsq", "hist"} <= {k for k, _ in kinds} and (("units", 2) in kinds)
+
+
+def _true_columns_equal(plan) -> set:
+    from dp_spark.statistics.components import window_suffix
+    from dp_spark.statistics.plan import PartialColumns, true_vector
+
+    rng = np.random.default_rng(7)  # test data only
+    names = set()
+    for comp in plan.components:
+        sfx = window_suffix(comp.window)
+        names |= {"dp_rows" + sfx, "dp_units" + sfx}
+        for alias in {a for a in (getattr(comp, "sum_alias", None) if comp.clamp is not None else None,
+                                  comp.square_alias if comp.kind == "nsumsq" else None) if a}:
+            names |= {f"{alias}_{part}{sfx}" for part in ("lo", "mid", "hi")}
+        if comp.kind == "hist":
+            names |= {comp.bin_column(j) + sfx for j in range(comp.bins)}
+    n = plan.spec.cells
+    present = sorted(rng.choice(n, size=n // 2, replace=False).tolist())
+    as_dict = {i: {k: int(rng.integers(-(2**20), 2**20)) for k in sorted(names)} for i in present}
+    as_dict[present[0]].update({k: 2**40 for k in names if k.endswith("_hi") or "_hi@" in k})
+    cols = PartialColumns(np.array(present), {k: np.array([as_dict[i][k] for i in present]) for k in sorted(names)})
+    kinds = set()
+    for comp in plan.components:
+        kinds.add((comp.kind, comp.window))
+        got, want = true_vector(comp, cols, n), true_vector(comp, as_dict, n)
+        assert got.tolist() == want.tolist(), comp.kind
+    return kinds
