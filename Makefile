@@ -89,12 +89,15 @@ demo: setup
 	$(VENV)/bin/dp-spark generate-demo --env conf/envs/local.yaml
 	$(PY) jobs/publish_release.py --env conf/envs/local.yaml \
 	    --conf conf/releases/dau_daily.yaml --conf conf/releases/aov_by_region.yaml \
-	    --conf conf/releases/wau_mau_daily.yaml --conf conf/releases/revenue_stream.yaml
+	    --conf conf/releases/wau_mau_daily.yaml --conf conf/releases/revenue_stream.yaml \
+	    --conf conf/releases/revenue_stream_band.yaml
 	$(VENV)/bin/dp-spark show --env conf/envs/local.yaml --family wau_mau_daily
 	$(VENV)/bin/dp-spark chart --env conf/envs/local.yaml --family wau_mau_daily \
 	    --out warehouse/charts/wau_mau_daily.png
 	$(VENV)/bin/dp-spark chart --env conf/envs/local.yaml --family revenue_stream \
 	    --out warehouse/charts/revenue_stream.png
+	$(VENV)/bin/dp-spark chart --env conf/envs/local.yaml --family revenue_stream_band \
+	    --out warehouse/charts/revenue_stream_band.png
 
 # README command 2: the whole test suite, statistical tests and PostgreSQL included.
 test: setup

@@ -763,6 +763,12 @@ class Engine:
             del partials
             cells = plan.cells(noisy)
             del noisy
+        # only the points not written yet (and the release's own last day): an earlier point is
+        # the same sum of the same stored nodes in every release, so the table grows by the new
+        # days only; readers see the whole stream through the days' versions (series_view)
+        written = self._stream_points_written(spec, path, sid)
+        last = spec.key_sets[0].values[-1]
+        cells = [c for c in cells if c["key"] == last or c["key"] not in written]
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         del cells
         stream_note = {"stream_id": sid, "horizon_days": plan.horizon, "start": spec.stream.start,
@@ -782,6 +788,17 @@ class Engine:
         del rows
         return self._result(spec, release_id, path, "published", read_release(self.spark, path, release_id),
                             charge=charged, note=f"stream point {plan.days} of {plan.horizon}")
+
+    def _stream_points_written(self, spec: ReleaseSpec, path: str, sid: str) -> set:
+        """The days of stream ``sid`` written by its releases that are not withdrawn."""
+        from dp_spark.delta.release_table import stream_points_written
+
+        withdrawn: list[str] = []
+        if self.mode == "official":
+            from dp_spark.governance.versions import history
+
+            withdrawn = [v["release_id"] for v in history(self.ledger, spec.family) if v["state"] == "withdrawn"]
+        return stream_points_written(self.spark, path, spec.family, self.mode, sid, exclude=withdrawn)
 
     def _commit_stream(self, sid: str) -> None:
         """Commit the stream's ledger entry once one of its points is written (idempotent)."""

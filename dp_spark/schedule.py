@@ -279,7 +279,10 @@ def day_spec(spec: ReleaseSpec, day: date) -> ReleaseSpec:
                           f"{dated.values[0]}..{dated.values[-1]}")
     if spec.stream is not None:  # a stream's point reads every day from its start through the day
         keys = dated.values[:dated.values.index(iso) + 1]
-        return spec.for_keys(keys, name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
+        out = spec.for_keys(keys, name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
+        # versioned under its day, like any day of a series: each release writes only the points
+        # not written yet, and the family reads as the series of all of them (series_view)
+        return replace(out, series_key=iso)
     out = spec.for_keys((iso,), name_suffix=f"_{day.strftime('%Y%m%d')}", column=dated.column)
     return replace(out, series_key=iso)  # its version is the day's: every day of the family stays current
 

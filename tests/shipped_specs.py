@@ -24,6 +24,7 @@ SHIPPED_SPECS: tuple[str, ...] = (
     "orders_by_day_region.yaml",
     "orders_by_found_region.yaml",
     "revenue_stream.yaml",
+    "revenue_stream_band.yaml",
     "wau_mau_daily.yaml",
 )
 

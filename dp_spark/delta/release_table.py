@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -422,6 +422,25 @@ def release_present(spark: SparkSession, path: str, release_id: str) -> bool:
         return False
     return _read(path, lambda: len(spark.read.format("delta").load(path).where(F.col("release_id") == release_id)
                                    .select("release_id").limit(1).collect()) > 0)
+
+
+def stream_points_written(spark: SparkSession, path: str, family: str, mode: str, stream_id: str,
+                          exclude: Sequence[str] = ()) -> set[str]:
+    """The keys (days) of stream ``stream_id`` already written to the release table by any of
+    its releases (of ``family`` in ``mode``; the stream is named in each row's charge_json),
+    leaving out the releases ``exclude`` (withdrawn ones). Metadata columns only, never values."""
+    if delta_schema(spark, path) is None:
+        return set()
+
+    def keys():
+        df = spark.read.format("delta").load(path).where(
+            (F.col("release_family") == family) & (F.col("mode") == mode)
+            & (F.get_json_object(F.col("charge_json"), "$.stream.stream_id") == F.lit(stream_id)))
+        if exclude:
+            df = df.where(~F.col("release_id").isin(list(exclude)))
+        return {r["key"] for r in df.select("key").distinct().collect()}
+
+    return _read(path, keys)
 
 
 def latest_release_id(spark: SparkSession, path: str, family: str, exclude: Optional[str] = None) -> Optional[str]:

@@ -16,9 +16,11 @@ How the changes' intervals are built (:attr:`SeriesChart.change_method`):
   (:func:`dp_spark.evaluation.utility.change_halfwidth`) at 1 - alpha/(m - 1) for the m - 1
   changes (Bonferroni: consecutive changes share a cell, :func:`utility.trend_differences`).
 * ``bands``: other kinds (a mean, a quantile, a variance: several noises, and the bounding
-  error in their intervals), when every point is from ONE release with a simultaneous band:
-  all points are inside their bands together with probability >= confidence, so a change is
-  significant when the two bands do not overlap (conservative).
+  error in their intervals; a stream's running totals, which share noises), when every point
+  is from ONE release with a simultaneous band, or from one stream (its band covers every
+  point of its horizon, whichever refresh wrote it): all points are inside their bands
+  together with probability >= confidence, so a change is significant when the two bands do
+  not overlap (conservative).
 * ``none``: neither holds (no band, or points from several releases whose bands each cover
   only their own release): no change is marked, and the chart says so.
 
@@ -27,6 +29,7 @@ Nothing here reads data or draws noise: post-processing of published values.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -89,10 +92,13 @@ class SeriesChart:
     changes: tuple[ChartChange, ...]
     confidence: Optional[float]
     simultaneous: bool  # every point has a band
-    releases: int  # distinct release ids among the points
+    releases: int  # distinct release ids among the points (a stream's points: one, its band covers them all)
     change_method: str  # exact | bands | none
     suppressed: int = 0  # cells withheld by min_group_size (not drawn)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: how the band covers the points together: "Sidak" (a release's independent cells) or
+    #: "Bonferroni" (a stream's points, over its whole horizon)
+    band_rule: str = "Sidak"
 
     @property
     def significant(self) -> tuple[ChartChange, ...]:
@@ -144,6 +150,19 @@ def _changes_from_bands(points: Sequence[ChartPoint]) -> list[ChartChange]:
     return out
 
 
+def _band_group(row: Mapping[str, Any]) -> Any:
+    """What a point's band covers together with: its release, or, for a running total of a
+    stream (its charge_json names the stream), the whole stream: a stream's band covers every
+    point of its horizon, whichever release wrote it (docs/accuracy.md, section 7)."""
+    try:
+        stream = json.loads(row.get("charge_json") or "{}").get("stream")
+    except (TypeError, ValueError, AttributeError):
+        stream = None
+    if isinstance(stream, dict) and stream.get("stream_id"):
+        return ("stream", stream["stream_id"])
+    return row.get("release_id")
+
+
 def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
     from dp_spark.evaluation.utility import single_noise_cell, trend_differences
 
@@ -158,7 +177,9 @@ def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
     confs = {float(r["confidence"]) for r in live if r.get("confidence") is not None}
     confidence = min(confs) if confs else None
     simultaneous = bool(points) and all(p.band_low is not None and p.band_high is not None for p in points)
-    releases = len({p.release_id for p in points})
+    groups = {_band_group(r) for r in live}
+    releases = len(groups)
+    band_rule = "Bonferroni" if groups and all(isinstance(g, tuple) for g in groups) else "Sidak"
     notes: list[str] = []
     if len(confs) > 1:
         notes.append("the points' releases have different confidence levels: the lowest is used")
@@ -181,7 +202,7 @@ def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
         notes.append(f"the points come from {releases} releases: each release's band covers its own cells "
                      "together, not the whole chart")
     return SeriesChart(statistic=statistic, points=tuple(points), changes=tuple(changes), confidence=confidence,
-                       simultaneous=simultaneous, releases=releases, change_method=method,
+                       simultaneous=simultaneous, releases=releases, change_method=method, band_rule=band_rule,
                        suppressed=len(rows) - len(live), notes=tuple(notes))
 
 

@@ -524,7 +524,7 @@ def _series_caption(chart: SeriesChart, rows: Sequence[Mapping[str, Any]]) -> st
     parts = [release_caption(rows, statistic=chart.statistic)]
     if chart.simultaneous:
         parts.append(f"band: all {len(chart.points)} points inside together with probability >= "
-                     f"{chart.confidence:.0%} (Sidak)" if chart.releases == 1 else
+                     f"{chart.confidence:.0%} ({chart.band_rule})" if chart.releases == 1 else
                      f"bands: each release's points together at {chart.confidence:.0%}")
     parts.append({"exact": "changes: exact law of each difference, Bonferroni over the changes",
                   "bands": "changes: non-overlapping bands",

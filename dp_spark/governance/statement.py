@@ -658,6 +658,14 @@ def intervals_paragraph(queries: Sequence[Mapping[str, Any]]) -> list[str]:
     banded = [q for q in queries if q.get("simultaneous_bands")]
     for q in banded:
         level = float(Fraction(q["confidence"]))
+        if q.get("stream"):  # dependent points (shared tree nodes): Bonferroni over the horizon
+            m = q["stream"]["horizon_days"] * max(len(q.get("statistics") or ()), 1)
+            out.append(f"- `{q['name']}` publishes a simultaneous band with every running total (columns "
+                       f"`band_low`, `band_high`): all {m} points of its horizon (days x statistics) are inside "
+                       f"their bands together with probability at least {level:.0%}; each band is that point's "
+                       f"interval at miss probability {1 - level:g}/{m} (Bonferroni, valid although the points "
+                       "share noises), the same band at every refresh.")
+            continue
         out.append(f"- `{q['name']}` publishes a simultaneous band with every value (columns `band_low`, "
                    f"`band_high`): for each statistic of a release with m values, each band is that value's "
                    f"interval at the level {level:g}^(1/m) (Sidak), so all m are covered together with "

@@ -38,7 +38,9 @@ Accuracy
     The noise of S~_t is the sum of popcount(t) iid node noises: variance popcount(t) x Var
     (exact variance of the discrete distribution), so at most (floor(log2 T) + 1) node variances,
     each growing like log^2 T through the sensitivity (pure DP); the interval is the exact law
-    of that sum (FFT of the pmf) when affordable, else a proven Chernoff bound.
+    of that sum (FFT of the pmf) when affordable, else a proven Chernoff bound. A simultaneous
+    band over m points (:func:`band_halfwidth`) is the same construction at the per-point miss
+    probability (1 - level) / m: Bonferroni, valid for the dependent points of a stream.
 
 Everything is in grid units (integers) like the rest of :mod:`dp_spark.mechanisms`; nothing here
 imports pyspark.
@@ -78,6 +80,8 @@ __all__ = [
     "released_prefixes",
     "point_variance",
     "point_halfwidth",
+    "band_alpha",
+    "band_halfwidth",
     "error_profile",
     "chernoff_halfwidth",
     "point_expected_abs",
@@ -269,6 +273,33 @@ def point_halfwidth(t: int, cal: TreeCalibration, confidence: Any) -> float:
     if not 0.0 < c < 1.0:
         raise ConfigError("confidence must be in (0, 1)")
     return _sum_halfwidth(cal.mechanism, cal.scale, m, 1.0 - c)
+
+
+def band_alpha(confidence: Any, points: int) -> float:
+    """The per-point miss probability of a simultaneous band over ``points`` points:
+    (1 - confidence) / points (Bonferroni)."""
+    c = float(confidence)
+    if not 0.0 < c < 1.0:
+        raise ConfigError("confidence must be in (0, 1)")
+    if isinstance(points, bool) or not isinstance(points, int) or points < 1:
+        raise ConfigError("a band covers at least one point")
+    return (1.0 - c) / points
+
+
+def band_halfwidth(t: int, cal: TreeCalibration, confidence: Any, points: int) -> float:
+    """h (grid units) with P(|S~_t - S_t| > h) <= (1 - confidence) / ``points``: the point's
+    own interval construction (:func:`point_halfwidth`: the exact law of the sum of its
+    popcount(t) node noises, else the Chernoff bound) at the Bonferroni level.
+
+    Simultaneous band. Points of a stream share node noises, so they are dependent and Sidak's
+    product does not apply; the union bound does, under any dependence: if each of ``points``
+    points misses with probability at most (1 - confidence) / points, then
+    P(some point misses) <= sum of the misses <= 1 - confidence, so ALL points are inside
+    their bands together with probability >= confidence. ``points`` is fixed by the stream's
+    declaration (horizon x statistics), never by the days published so far, so a point's band
+    is the same in every refresh."""
+    m = len(prefix_nodes(t, cal.horizon))
+    return _sum_halfwidth(cal.mechanism, cal.scale, m, band_alpha(confidence, points))
 
 
 @functools.lru_cache(maxsize=64)

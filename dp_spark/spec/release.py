@@ -407,7 +407,8 @@ class ConfidenceModel(SpecModel):
     simultaneous: StrictBool = Field(
         False, description="also publish a band per cell (band_low, band_high) such that all cells of a "
                            "statistic of the release are inside their bands together with probability >= level "
-                           "(Sidak: each band at level^(1/m) for m cells, exact for independent noises)")
+                           "(Sidak: each band at level^(1/m) for m cells, exact for independent noises; a stream: "
+                           "all points of its horizon, each band at 1 - (1 - level)/m, Bonferroni)")
 
 
 #: the statistic kinds a stream publishes as running totals
@@ -688,9 +689,6 @@ class _SpecBase(SpecModel):
                 err(("neighbouring",), "a stream's sensitivity is derived for add_remove_unit")
             if self.min_group_size is not None:
                 err(("min_group_size",), "a stream publishes every day's running total: no min_group_size")
-            if self.confidence.simultaneous:
-                err(("confidence", "simultaneous"), "the Sidak band assumes independent noises; a stream's points "
-                                                    "share node noises: pointwise intervals only")
         if not multi and metric is not None:
             statistics = legacy_statistics(metric, value, mean) if (value is not None or metric in
                                                                     ("count", "distinct_units")) else ()

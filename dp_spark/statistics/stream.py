@@ -142,6 +142,13 @@ class StreamPlan:
 
     # the stream
     @property
+    def band_points(self) -> int:
+        """m: the points a simultaneous band covers together: every point of the whole horizon
+        (its days x the statistics; a stream has one cell per day). Fixed by the declaration,
+        never by the days published so far, so a point's band never changes between refreshes."""
+        return self.horizon * len(self.spec.statistics)
+
+    @property
     def days(self) -> int:
         """n: the days of this release (start .. its last date key)."""
         return len(self.spec.key_sets[0].values)
@@ -165,9 +172,11 @@ class StreamPlan:
     def cells(self, noisy_nodes: Mapping[str, Mapping[tuple[int, int], int]]) -> list[dict[str, Any]]:
         """The cells of days 1 .. n (every date key of the release): per statistic, the running
         total through the day from the stored noisy nodes (``noisy_nodes``: component name ->
-        node -> noisy value, grid units), its interval at the spec's confidence, its stddev. A
-        day's total is the same in every release that holds it (the same stored nodes). Driver
-        memory only."""
+        node -> noisy value, grid units), its interval at the spec's confidence, its stddev and,
+        with ``confidence: {simultaneous: true}``, its band (``band_low``, ``band_high``: all
+        :attr:`band_points` points of the horizon inside their bands together with probability
+        >= the confidence; :func:`tree.band_halfwidth`). A day's total, interval and band are
+        the same in every release that holds it (the same stored nodes). Driver memory only."""
         spec = self.spec
         keys = spec.key_sets[0].values
         column = spec.key_sets[0].column
@@ -179,16 +188,24 @@ class StreamPlan:
             cal = part.calibration
             for t, key in enumerate(keys, start=1):
                 total = sum(nodes[node] for node in tree.prefix_nodes(t, self.horizon))
+                # the noise is an integer: |noise| <= h iff |noise| <= floor(h)
                 h = int(tree.point_halfwidth(t, cal, spec.confidence))
-                value, lo, hi = (Fraction(v) * unit for v in (total, total - h, total + h))
-                if stat.kind in ("count", "distinct_units"):  # a running count is never negative (post-processing)
-                    zero = Fraction(0)
-                    value, lo, hi = max(value, zero), max(lo, zero), max(hi, zero)
-                out.append({"statistic": stat.name, "key": key, "keys": {column: key},
-                            "value": float(value), "ci_low": float(lo), "ci_high": float(hi),
-                            "mechanism": cal.mechanism, "noise_scale": float(cal.scale * unit),
-                            "noise_stddev": tree.point_variance(t, cal) ** 0.5 * float(unit), "grid": float(unit),
-                            "expected_abs_error": tree.point_expected_abs(t, cal) * float(unit)})
+                ends = [total, total - h, total + h]
+                if spec.simultaneous:
+                    hb = int(tree.band_halfwidth(t, cal, spec.confidence, self.band_points))
+                    ends += [total - hb, total + hb]
+                reals = [Fraction(v) * unit for v in ends]
+                if stat.kind in ("count", "distinct_units"):  # a running count is never negative (post-processing:
+                    reals = [max(v, Fraction(0)) for v in reals]  # a true total >= 0 stays inside)
+                value, lo, hi = reals[:3]
+                cell = {"statistic": stat.name, "key": key, "keys": {column: key},
+                        "value": float(value), "ci_low": float(lo), "ci_high": float(hi),
+                        "mechanism": cal.mechanism, "noise_scale": float(cal.scale * unit),
+                        "noise_stddev": tree.point_variance(t, cal) ** 0.5 * float(unit), "grid": float(unit),
+                        "expected_abs_error": tree.point_expected_abs(t, cal) * float(unit)}
+                if spec.simultaneous:
+                    cell["band_low"], cell["band_high"] = float(reals[3]), float(reals[4])
+                out.append(cell)
         return out
 
     def error_profile(self) -> list[dict[str, Any]]:

@@ -1,29 +1,50 @@
-"""A stream release (``stream: {horizon_days, start}``) through the daily refresh, with Spark:
-one ledger charge for the whole horizon, the right running totals at each point, reruns are
-cache hits, and a run that dies after its nodes are stored heals with the same nodes."""
+"""A stream release (``stream: {horizon_days, start}``) through the daily refresh, with Spark,
+on tiny input whose exact running totals are known (4 orders a day, 2 or 3 new buyers a day).
+
+* 60 daily refreshes of one stream (horizon 60, with a simultaneous band), one process, the
+  suite's session: ONE ledger charge for the horizon (at day 1), every node of the tree stored
+  once, each node's stored value = its exact sum + the seeded noise drawn for it when it
+  completed, each point = the exact running total + the noises of its nodes (counts clamped at
+  0); every rerun a cache hit that charges and draws nothing; the release table holds each
+  point once (refresh d writes day d only: 180 rows, not 5,490), and ``show`` (so the chart:
+  one band, Bonferroni), the statement (60 days, the band) and ``<family>_current`` read the
+  whole stream, each day's refresh versioned under its day.
+* a REAL ``kill -9`` of ``dp-spark refresh`` (a subprocess with its own JVM,
+  tests/deploy/stream_kill_driver.py) on the stream's first day, right after its first
+  component's nodes were stored (the charge reserved, the other components' nodes not drawn,
+  no point written): the rerun heals it: one charge, the stored nodes kept (only the missing
+  ones drawn), the point the stored nodes' sum, no duplicate point, and the next day charges
+  nothing.
+"""
 
 from __future__ import annotations
 
 import copy
-import itertools
-from datetime import timedelta
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dp_spark.core.budget import ZCDP
-from dp_spark.errors import ReleaseFailedError
 from dp_spark.mechanisms import tree
-from dp_spark.mechanisms.samplers import NoiseSource, RecordingNoiseSource, SeededNoiseSource
+from dp_spark.mechanisms.samplers import NoiseSource, SeededNoiseSource
 from dp_spark.schedule import daily_refresh, day_spec
 from dp_spark.statistics.stream import plan_stream, stream_id_for
 
-from .conftest import BUDGET, ROOT, START, local_engine
-from tests.jobs.conftest import register
+from .conftest import BUDGET, ROOT, START, child_env, local_engine
+from tests.jobs.conftest import register, write_env
 
-DAYS = 8
-D = [START + timedelta(days=i) for i in range(DAYS)]
+HORIZON = 60
+D = [START + timedelta(days=i) for i in range(HORIZON)]
 RHO = ZCDP("0.25")
+NAME = "revenue_stream_band"
+DRIVER = Path(__file__).with_name("stream_kill_driver.py")
 
 
 @pytest.fixture(autouse=True)
@@ -31,108 +52,234 @@ def _test_mode(monkeypatch):
     monkeypatch.setenv("DP_SPARK_TEST_MODE", "1")
 
 
-class ZeroNoise(NoiseSource):
-    """No noise (test mode only): the published points are then the true running totals."""
+class Recorded(NoiseSource):
+    """A seeded exact sampler that keeps every draw, in order (test mode only)."""
 
-    name = "zero"
+    name = "recorded-seeded"
+
+    def __init__(self, seed: int):
+        self.inner = SeededNoiseSource(seed)
+        self.draws: list[int] = []
 
     def discrete_laplace(self, scale, n):
-        return [0] * n
+        out = self.inner.discrete_laplace(scale, n)
+        self.draws += out
+        return out
 
     def discrete_gaussian(self, sigma, n):
-        return [0] * n
+        out = self.inner.discrete_gaussian(sigma, n)
+        self.draws += out
+        return out
 
 
-def _stream_data(**over) -> dict:
-    data = yaml.safe_load((ROOT / "conf/releases/revenue_stream.yaml").read_text())
-    data.update(over)
-    return data
+def _exact_daily(i: int) -> dict[str, int]:
+    """The exact increments of day i (0-based) of :func:`_write_events`, per component."""
+    return {"rows": 4, "sum": 67 + i, "units": 3 if i % 3 == 0 else 2}
 
 
-def _twin(env, data: dict):
-    """The same statistics and bounds as one ordinary (non-stream) release of all the days."""
-    twin = copy.deepcopy(data)
-    twin.pop("stream")
-    twin.update(name="revenue_daily_twin", family="revenue_daily_twin")
-    return register(env, "revenue_daily_twin", twin)
+def _write_events(spark, env_file: Path, days: int) -> None:
+    """Tiny input: on day i, a new user a_i with one order of 10 + i, a new user b_i with two
+    orders (20, 30), user c_(i // 3) (on 3 days) with one order of 7, and a new user n_i whose
+    row has no order value (filtered out by the spec's where). No bound binds (each user on
+    at most 3 days, at most 2 orders a day)."""
+    from dp_spark.config import load_env
+    from dp_spark.demo_data import EVENT_SCHEMA
+
+    rows, eid = [], 0
+    for i in range(days):
+        day = START + timedelta(days=i)
+        at = datetime(day.year, day.month, day.day, 12)
+        for user, values in ((f"a{i}", [10.0 + i]), (f"b{i}", [20.0, 30.0]), (f"c{i // 3}", [7.0]), (f"n{i}", [None])):
+            for v in values:
+                rows.append((eid, user, at, day, "north", v))
+                eid += 1
+    path = load_env(env_file).datasets["demo_events"]
+    spark.createDataFrame(rows, EVENT_SCHEMA).coalesce(1).write.format("delta").mode("overwrite").save(path)
 
 
-def _values(result) -> dict:
-    return {r["statistic"]: r["value"] for r in result.rows}
-
-
-def test_daily_refreshes_charge_once_and_publish_the_running_totals(spark, deploy_env):
-    # L0 = 31 >= the days and K = L0 x Linf: the first-L0-days and K cuts never bind, so the twin
-    # (one release of all 30 days) keeps the same rows
-    data = _stream_data(bounds={"max_partitions_per_unit": 31, "max_rows_per_partition": 5,
-                                "max_rows_per_unit": 155})
+def _stream_env(spark, base: Path, days: int):
+    env_file = write_env(base)
+    _write_events(spark, env_file, days)
+    data = copy.deepcopy(yaml.safe_load((ROOT / "conf/releases/revenue_stream_band.yaml").read_text()))
+    data["group_by"]["public_keys"]["dates"] = {"start": D[0].isoformat(), "end": D[-1].isoformat()}
+    data["stream"] = {"horizon_days": HORIZON, "start": D[0].isoformat()}
     data["statistics"] = data["statistics"] + [{"name": "buyers", "kind": "distinct_units"}]
-    spec = register(deploy_env, "revenue_stream", data)
-    eng = local_engine(spark, deploy_env, source=ZeroNoise())
-    results = [daily_refresh(eng, spec, d) for d in D]
-    assert [r.status for r in results] == ["published"] * DAYS
-    assert [r.charge for r in results] == [RHO] + [None] * (DAYS - 1)  # the horizon, charged once
-    entries = eng.ledger.entries(BUDGET)
-    assert len(entries) == 1 and entries[0].state == "committed"
-    assert entries[0].release_id == stream_id_for(day_spec(spec, D[0]), "official")
-    assert eng.ledger.status(BUDGET).spent == RHO
-    # the nodes: every node completed by day DAYS, stored once
-    sid = entries[0].release_id
-    plan = plan_stream(day_spec(spec, D[-1]))
-    for part in plan.parts:
-        stored = eng.ledger.stream_nodes(sid, part.name)
-        assert set(stored) == {(h, j) for h in range(DAYS.bit_length()) for j in range(DAYS >> h)}
-    # the right running totals: the twin's daily values (no noise), accumulated
-    twin = local_engine(spark, deploy_env, source=ZeroNoise()).publish(_twin(deploy_env, data))
-    daily = {(r["key"], r["statistic"]): r["value"] for r in twin.rows}
-    for stat in ("orders", "revenue"):
-        running = list(itertools.accumulate(daily[(d.isoformat(), stat)] for d in D))
-        assert [_values(r)[stat] for r in results] == pytest.approx(running, rel=0, abs=1e-6)
-        assert running[-1] > running[0] > 0
-    assert all([row["key"] for row in r.rows] == [d.isoformat()] * 3 for r, d in zip(results, D))
-    # distinct users ever seen: each counted on their first day with an order
-    from pyspark.sql import functions as F
+    return env_file, register(env_file, NAME, data)
 
+
+def _parts(spec):
+    """statistic name -> its tree part (plan of the whole horizon)."""
+    plan = plan_stream(day_spec(spec, D[-1]))
+    stat_part = {s.name: plan.part_of(s, c) for s, c in zip(plan.spec.statistics, plan.query.stat_components)}
+    return plan, stat_part
+
+
+def _table(spark, env_file: Path) -> list:
     from dp_spark.config import load_env
 
-    events = spark.read.format("delta").load(load_env(deploy_env).datasets["demo_events"])
-    seen = [events.where(F.col("order_value").isNotNull() & (F.col("day") <= F.lit(d)))
-            .select("user_id").distinct().count() for d in D]
-    assert [_values(r)["buyers"] for r in results] == seen and seen[-1] > seen[0] > 0
-    # a rerun of any day: served, nothing charged, the same numbers
-    again = daily_refresh(local_engine(spark, deploy_env, source=ZeroNoise()), spec, D[3])
-    assert again.status == "cache_hit" and again.charge is None and again.rows == results[3].rows
-    assert [e.release_id for e in eng.ledger.entries(BUDGET) if e.release_family == "revenue_stream"] == [sid]
+    return spark.read.format("delta").load(f"{load_env(env_file).output_root}/{NAME}").collect()
 
 
-def test_a_run_killed_after_its_nodes_heals_with_the_same_nodes(spark, deploy_env, monkeypatch):
-    spec = register(deploy_env, "revenue_stream", _stream_data())
-    eng = local_engine(spark, deploy_env, source=SeededNoiseSource(5))
-    first = daily_refresh(eng, spec, D[0])
-    assert first.status == "published" and first.charge == RHO
-
-    import dp_spark.delta.release_table as rt
-
-    real_write = rt.write_release
-
-    def killed(*a, **k):  # the process dies after its nodes were stored, before its write
-        raise RuntimeError("killed")
-
-    monkeypatch.setattr(rt, "write_release", killed)
-    with pytest.raises(ReleaseFailedError):
-        daily_refresh(local_engine(spark, deploy_env, source=SeededNoiseSource(6)), spec, D[2])
+def test_60_daily_refreshes_charge_once_and_publish_the_running_totals(spark, tmp_path):
+    t0 = time.monotonic()
+    env_file, spec = _stream_env(spark, tmp_path, HORIZON)
+    plan, stat_part = _parts(spec)
+    # the exact daily increments on each component's grid (integers: the values are whole)
+    exact = {p.name: [_exact_daily(i)[p.component.kind] << -p.component.grid_exponent for i in range(HORIZON)]
+             for p in plan.parts}
+    exact_nodes = {name: tree.node_values(xs, HORIZON) for name, xs in exact.items()}
+    src = Recorded(11)
+    # as the refresh job runs it: versions and statement once per run (a run of 10 days here)
+    eng = local_engine(spark, env_file, source=src, refresh="deferred")
     sid = stream_id_for(day_spec(spec, D[0]), "official")
-    plan = plan_stream(day_spec(spec, D[2]))
-    stored = {p.name: eng.ledger.stream_nodes(sid, p.name) for p in plan.parts}
-    assert all(len(v) == 4 for v in stored.values())  # day 1 .. 3: (0,0) (0,1) (0,2) (1,0)
-    monkeypatch.setattr(rt, "write_release", real_write)
-    recorder = RecordingNoiseSource(SeededNoiseSource(7))
-    healed = daily_refresh(local_engine(spark, deploy_env, source=recorder), spec, D[2])
-    assert healed.status == "published" and healed.charge is None
-    assert recorder.calls == []  # no node drawn again
-    for p in plan.parts:  # the point is the stored nodes' sum: (1, 0) + (0, 2)
-        total = sum(stored[p.name][n] for n in tree.prefix_nodes(3, 365)) * float(p.grid_unit)
-        value = _values(healed)[next(s.name for s in spec.statistics
-                                     if (s.kind == "sum") == (p.component.kind == "sum"))]
-        assert value == pytest.approx(max(total, 0.0) if p.component.kind == "rows" else total)
+    noise: dict[str, dict] = {p.name: {} for p in plan.parts}  # node -> the draw it got
+    results = []
+    for t, day in enumerate(D, start=1):
+        before = len(src.draws)
+        r = daily_refresh(eng, spec, day)
+        assert (r.status, r.charge) == ("published", RHO if t == 1 else None), (t, r.status, r.charge)
+        # the draws of this refresh: one per node completing today, per component, in order
+        new = src.draws[before:]
+        for p in plan.parts:
+            done = sorted(n for n in tree.tree_nodes(HORIZON) if (n[1] + 1) << n[0] == t)
+            noise[p.name].update(zip(done, new[:len(done)]))
+            new = new[len(done):]
+            stored = eng.ledger.stream_nodes(sid, p.name)
+            assert set(stored) == set(noise[p.name])  # every node completed so far, stored once
+            assert all(stored[n] == exact_nodes[p.name][n] + noise[p.name][n] for n in done)
+        assert new == []
+        # the point: the exact running total + the noises of its nodes (a count clamped at 0)
+        values = {row["statistic"]: row for row in r.rows}
+        assert sorted(values) == ["buyers", "orders", "revenue"] and {row["key"] for row in r.rows} == {day.isoformat()}
+        for stat, p in stat_part.items():
+            grid = sum(exact[p.name][:t]) + sum(noise[p.name][n] for n in tree.prefix_nodes(t, HORIZON))
+            hb = int(tree.band_halfwidth(t, p.calibration, spec.confidence, plan.band_points))
+            clamp = (lambda x: x) if p.component.kind == "sum" else (lambda x: max(x, 0.0))
+            for column, g in (("value", grid), ("band_low", grid - hb), ("band_high", grid + hb)):
+                want = clamp(g * float(p.grid_unit))
+                assert values[stat][column] == pytest.approx(want, rel=0, abs=1e-9), (t, stat, column)
+        if t % 10 == 0:  # the end of a run; a rerun: served, nothing charged, nothing drawn
+            eng.finish()
+            drawn = len(src.draws)
+            again = daily_refresh(eng, spec, day)
+            assert (again.status, again.charge, again.rows) == ("cache_hit", None, r.rows)
+            assert len(src.draws) == drawn
+        results.append(r)
+    loop = time.monotonic() - t0
+    # one charge for the horizon: one committed entry, the stream's
+    entries = eng.ledger.entries(BUDGET)
+    assert [(e.release_id, e.state) for e in entries] == [(sid, "committed")]
+    assert eng.ledger.status(BUDGET).spent == RHO
+    assert all(len(v) == len(tree.tree_nodes(HORIZON)) for v in noise.values())  # 116 nodes each
+    # reruns of old days, later: cache hits, nothing charged or drawn, the same numbers
+    drawn = len(src.draws)
+    for t in (1, 17, 59):
+        again = daily_refresh(local_engine(spark, env_file, source=SeededNoiseSource(99)), spec, D[t - 1])
+        assert (again.status, again.charge, again.rows) == ("cache_hit", None, results[t - 1].rows)
+    assert len(src.draws) == drawn and len(eng.ledger.entries(BUDGET)) == 1
+    # the table grows by the new day only: refresh d wrote point d, each point once (not the
+    # d points of days 1 .. d: 3 x 60 rows, not 3 x 1,830)
+    rows = _table(spark, env_file)
+    cells = [(r["statistic"], r["key"]) for r in rows]
+    assert len(cells) == len(set(cells)) == 3 * HORIZON
+    assert {(r["release_id"], r["key"]) for r in rows} == {(x.release_id, d.isoformat()) for x, d in zip(results, D)}
+    # ... and every reader sees the whole stream: the days' versions (one per day, current)
+    from dp_spark.commands import show_family
+    from dp_spark.config import load_env
+    from dp_spark.delta.release_table import RELEASE_SCHEMA
+    from dp_spark.evaluation.chart_data import series_chart_data
+    from dp_spark.governance.versions import history, series_current_path, write_series_current
+
+    env = load_env(env_file)
+    versions = history(eng.ledger, NAME)
+    assert [v["release_id"] for v in versions if v["state"] == "current"] == [x.release_id for x in results]
+    shown = show_family(env, NAME, columns=[f.name for f in RELEASE_SCHEMA.fields])
+    published = {(r["statistic"], r["key"]): r["value"] for r in rows}
+    assert {(r["statistic"], r["key"]): r["value"] for r in shown} == published  # show and chart
+    charts = series_chart_data(shown)
+    assert [(c.statistic, len(c.points), c.releases, c.simultaneous, c.band_rule) for c in charts] == [
+        (s, HORIZON, 1, True, "Bonferroni") for s in ("buyers", "orders", "revenue")]
+    current = series_current_path(env.output_root, NAME)
+    assert write_series_current(spark, f"{env.output_root}/{NAME}", eng.ledger, NAME, current) == 3 * HORIZON
+    assert {(r["statistic"], r["key"]): r["value"]
+            for r in spark.read.format("delta").load(current).collect()} == published  # <family>_current
+    from dp_spark.governance import statement_dir
+
+    text = (statement_dir(env) / f"{NAME}.md").read_text()  # the statement: the 60 days, the band
+    assert "all 180 points of its horizon" in text and all(d.isoformat() in text for d in D)
+    print(f"60 refreshes (+6 reruns) in {loop:.1f}s, the file's first test in {time.monotonic() - t0:.1f}s")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """kill -9 of the run's whole process group (its Python, its JVM, its Python workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(60)
+
+
+def test_a_refresh_killed_after_its_nodes_heals_with_the_same_nodes(spark, tmp_path):
+    t0 = time.monotonic()
+    env_file, spec = _stream_env(spark, tmp_path, 3)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    spec_file = Path(env_file).parents[1] / "releases" / f"{NAME}.yaml"
+    cmd = [sys.executable, str(DRIVER), str(sync), "--env", str(env_file), "--conf", str(spec_file),
+           "--date", D[0].isoformat()]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=str(ROOT), start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (sync / "at.nodes").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _kill(proc)
+                out, err = proc.communicate(timeout=60)
+                pytest.fail(f"the refresh never stored its nodes (exit {proc.returncode}):\n{out[-2000:]}\n"
+                            f"{err[-4000:]}")
+            time.sleep(0.1)
+    finally:
+        _kill(proc)  # kill -9, mid-refresh
+        proc.communicate(timeout=60)
+    killed = time.monotonic() - t0
+    sid = stream_id_for(day_spec(spec, D[0]), "official")
+    plan, stat_part = _parts(spec)
+    from dp_spark.config import load_env
+    from dp_spark.ledger import open_ledger
+
+    with open_ledger(load_env(env_file).ledger_url) as ledger:
+        assert [(e.release_id, e.state) for e in ledger.entries(BUDGET)] == [(sid, "reserved")]  # charged, pending
+        before = {p.name: ledger.stream_nodes(sid, p.name) for p in plan.parts}
+    assert sorted(len(v) for v in before.values()) == [0] * (len(plan.parts) - 1) + [1]  # first component only
+    assert [r for r in _table_or_empty(spark, env_file)] == []  # no point written
+    # the rerun heals: no second charge, the stored node kept, only the missing nodes drawn
+    src = Recorded(12)
+    eng = local_engine(spark, env_file, source=src)
+    healed = daily_refresh(eng, spec, D[0])
+    assert (healed.status, healed.charge) == ("published", None)
+    assert len(src.draws) == len(plan.parts) - 1  # node (0, 0) of each component not stored yet
+    after = {p.name: eng.ledger.stream_nodes(sid, p.name) for p in plan.parts}
+    for name, nodes in before.items():
+        assert {n: after[name][n] for n in nodes} == nodes  # the same node noises
+    values = {r["statistic"]: r["value"] for r in healed.rows}
+    for stat, p in stat_part.items():  # the point: the stored node's value
+        v = after[p.name][(0, 0)] * float(p.grid_unit)
+        assert values[stat] == pytest.approx(max(v, 0.0) if p.component.kind != "sum" else v, rel=0, abs=1e-9)
+    assert [(e.release_id, e.state) for e in eng.ledger.entries(BUDGET)] == [(sid, "committed")]
+    assert eng.ledger.status(BUDGET).spent == RHO
+    # the next day: nothing charged; a rerun of day 1: served; no point written twice
+    second = daily_refresh(eng, spec, D[1])
+    assert (second.status, second.charge) == ("published", None)
+    again = daily_refresh(eng, spec, D[0])
+    assert (again.status, again.charge, again.rows) == ("cache_hit", None, healed.rows)
+    cells = [(r["statistic"], r["key"]) for r in _table(spark, env_file)]
+    assert len(cells) == len(set(cells)) == 3 * 2  # each point written once
     assert len(eng.ledger.entries(BUDGET)) == 1 and eng.ledger.status(BUDGET).spent == RHO
+    print(f"killed after {killed:.1f}s; the test in {time.monotonic() - t0:.1f}s")
+
+
+def _table_or_empty(spark, env_file: Path) -> list:
+    try:
+        return _table(spark, env_file)
+    except Exception:  # no release table yet
+        return []

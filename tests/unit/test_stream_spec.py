@@ -50,13 +50,40 @@ def test_a_stream_spec_is_read():
     ({"statistics": [{"name": "orders", "kind": "count", "window": {"days": 7}}]}, "statistics"),
     ({"group_by": {"column": "region", "public_keys": {"values": ["a", "b"]}}}, "stream"),
     ({"min_group_size": 5}, "min_group_size"),
-    ({"confidence": {"level": 0.95, "simultaneous": True}}, "confidence.simultaneous"),
 ])
 def test_stream_rules(over, path):
     errors = release_spec_errors(_spec(**over), run_date=RUN)
     assert any(p == path for p, _ in errors), errors
     with pytest.raises(ConfigError):
         release_spec_from_dict(_spec(**over), run_date=RUN)
+
+
+def test_a_stream_takes_a_simultaneous_band_and_keeps_its_id_without_one():
+    from dp_spark.statistics.stream import plan_stream, stream_id_for
+
+    plain = release_spec_from_dict(_spec(), run_date=RUN)
+    explicit = release_spec_from_dict(_spec(confidence={"level": 0.95, "simultaneous": False}), run_date=RUN)
+    banded = release_spec_from_dict(_spec(confidence={"level": 0.95, "simultaneous": True}), run_date=RUN)
+    assert banded.simultaneous and not plain.simultaneous
+    # absent or false: the same canonical form, version and stream id; true: a new stream
+    assert explicit.canonical() == plain.canonical() and "simultaneous" not in plain.canonical()
+    assert stream_id_for(explicit, "official") == stream_id_for(plain, "official")
+    assert banded.version() != plain.version()
+    assert stream_id_for(banded, "official") != stream_id_for(plain, "official")
+    # m: every point of the horizon (365 days x the statistics), not the 10 days declared so far
+    plan = plan_stream(banded)
+    assert plan.days == 10 and plan.band_points == 365 * len(banded.statistics)
+
+
+def test_the_statement_states_a_stream_band_as_bonferroni_over_the_horizon():
+    from dp_spark.governance.statement import intervals_paragraph
+
+    banded = release_spec_from_dict(_spec(confidence={"level": 0.95, "simultaneous": True}), run_date=RUN)
+    query = {"name": banded.name, "confidence": str(banded.confidence), "simultaneous_bands": True,
+             "statistics": [s.canonical() for s in banded.statistics],
+             "stream": {"horizon_days": banded.stream.horizon_days, "start": banded.stream.start}}
+    text = "\n".join(intervals_paragraph([query]))
+    assert "all 730 points of its horizon" in text and "0.05/730 (Bonferroni" in text and "Sidak" not in text
 
 
 def test_the_single_metric_form_takes_no_stream():

@@ -229,3 +229,32 @@ def test_expected_abs_error_of_a_point():
         float(np.dot(np.abs(x), accuracy.discrete_laplace_pmf(Fraction(3), x))), rel=1e-9)
     sd = tree.point_variance(63, cal) ** 0.5
     assert 0.7 * sd < tree.point_expected_abs(63, cal) < sd
+
+
+@pytest.mark.parametrize("mechanism,scale", [("discrete_laplace", Fraction(3)), ("discrete_gaussian", Fraction(4))])
+@pytest.mark.parametrize("t", [1, 3, 7, 31])
+def test_band_is_the_point_law_at_the_bonferroni_level(mechanism, scale, t):
+    """The band of a point over m points: the point's own exact law at miss probability
+    (1 - level) / m (checked against a direct convolution), the smallest such h, wider than
+    the pointwise interval, and the same whatever day is being published."""
+    cal = tree.TreeCalibration(64, mechanism, scale, tree.NodeSensitivity(1, 1))
+    m_nodes = bin(t).count("1")
+    k = accuracy.noise_halfwidth(mechanism, scale, 1e-18)
+    pmf = (accuracy.discrete_laplace_pmf if mechanism == "discrete_laplace"
+           else accuracy.discrete_gaussian_pmf)(scale, np.arange(-k, k + 1))
+    law = np.array([1.0])
+    for _ in range(m_nodes):
+        law = np.convolve(law, pmf)
+    centre = (len(law) - 1) // 2
+    for points in (64, 128):
+        alpha = tree.band_alpha(0.95, points)
+        assert alpha == pytest.approx(0.05 / points)
+        h = int(tree.band_halfwidth(t, cal, 0.95, points))
+        assert law[centre - h:centre + h + 1].sum() >= 1 - alpha - 1e-9
+        assert law[centre - h + 1:centre + h].sum() < 1 - alpha  # the smallest such h
+        assert h > tree.point_halfwidth(t, cal, 0.95)
+    assert tree.band_halfwidth(t, cal, 0.95, 128) >= tree.band_halfwidth(t, cal, 0.95, 64)
+    with pytest.raises(ConfigError):
+        tree.band_halfwidth(t, cal, 0.95, 0)
+    with pytest.raises(ConfigError):
+        tree.band_halfwidth(t, cal, 1.0, 64)
