@@ -20,8 +20,6 @@ on tiny input whose exact running totals are known (4 orders a day, 2 or 3 new b
 from __future__ import annotations
 
 import copy
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.processes import kill_group
 from dp_spark.core.budget import ZCDP
 from dp_spark.mechanisms import tree
 from dp_spark.mechanisms.samplers import NoiseSource, SeededNoiseSource
@@ -210,15 +209,6 @@ def test_60_daily_refreshes_charge_once_and_publish_the_running_totals(spark, tm
     print(f"60 refreshes (+6 reruns) in {loop:.1f}s, the file's first test in {time.monotonic() - t0:.1f}s")
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """kill -9 of the run's whole process group (its Python, its JVM, its Python workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(60)
-
-
 def test_a_refresh_killed_after_its_nodes_heals_with_the_same_nodes(spark, tmp_path):
     t0 = time.monotonic()
     env_file, spec = _stream_env(spark, tmp_path, 3)
@@ -233,13 +223,13 @@ def test_a_refresh_killed_after_its_nodes_heals_with_the_same_nodes(spark, tmp_p
         deadline = time.monotonic() + 300
         while not (sync / "at.nodes").exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                _kill(proc)
+                kill_group(proc)
                 out, err = proc.communicate(timeout=60)
                 pytest.fail(f"the refresh never stored its nodes (exit {proc.returncode}):\n{out[-2000:]}\n"
                             f"{err[-4000:]}")
             time.sleep(0.1)
     finally:
-        _kill(proc)  # kill -9, mid-refresh
+        kill_group(proc)  # kill -9, mid-refresh
         proc.communicate(timeout=60)
     killed = time.monotonic() - t0
     sid = stream_id_for(day_spec(spec, D[0]), "official")

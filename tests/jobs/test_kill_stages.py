@@ -26,8 +26,6 @@ orphan's commit on the release's key) -- in both, one release, one charge, no du
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +34,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.processes import kill_group
 from dp_spark.core.budget import ZCDP
 
 from .conftest import ROOT, child_env, make_warehouse, register
@@ -60,20 +59,11 @@ def run_until(args: list[str], marker: Path, timeout: float = 400) -> subprocess
     deadline = time.monotonic() + timeout
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            kill(proc)
+            kill_group(proc)
             out, err = proc.communicate(timeout=60)
             pytest.fail(f"the run never reached {marker.name} (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
         time.sleep(0.1)
     return proc
-
-
-def kill(proc: subprocess.Popen) -> None:
-    """kill -9 of the run's whole process group (driver, JVM, Python workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(60)
 
 
 def check_one_release(spark, env, result, *, charge=ZCDP("0.25")):
@@ -111,7 +101,7 @@ def test_kill_9_at_every_stage_then_rerun(spark, warehouse, tmp_path, stage):
     sync.mkdir()
     marker = sync / ("started" if stage == "write" else f"at.{stage}")
     proc = run_until(["publish", str(warehouse), "dau_daily", str(sync), "--stop-at", stage], marker)
-    kill(proc)
+    kill_group(proc)
     time.sleep(2.5)  # the killed run's 2 s lease expires
     env = load_env(warehouse)
     with Engine(env, spark=spark, principal="publisher_bob") as engine:
@@ -167,7 +157,7 @@ def connect_kills(connect_url, spark, demo_input, tmp_path_factory):
         marker = sync / ("started" if driver_stage == "write" else f"at.{stage}")
         proc = run_until(["--remote", connect_url, "publish", str(env_file), "dau_daily", str(sync),
                           "--stop-at", driver_stage], marker)
-        kill(proc)  # the client only: the server still runs its held write
+        kill_group(proc)  # the client only: the server still runs its held write
         env = load_env(env_file)
         table = f"{env.output_root}/dau_daily"
         if stage == "write":  # let the orphaned write go on now: its commit lands, once
@@ -201,7 +191,7 @@ def connect_kills(connect_url, spark, demo_input, tmp_path_factory):
         proc.wait(600)
     finally:
         if proc.poll() is None:
-            kill(proc)
+            kill_group(proc)
     assert proc.returncode == 0 and len(results) == len(order), f"rerun exit {proc.returncode}:\n{err[-4000:]}"
     rerun = time.monotonic() - t1
 

@@ -188,19 +188,25 @@ def test_points_from_stored_noise_are_reproducible_and_unbiased_without_noise():
     assert tree.released_prefixes(xs, dict(noise), 64) == first
 
 
+def _point_law(mechanism, scale, nodes):
+    """The exact law of a point summing ``nodes`` iid node noises (direct convolution of the
+    pmf, its tails below 1e-18 cut), and the index of 0 in it."""
+    k = accuracy.noise_halfwidth(mechanism, scale, 1e-18)
+    pmf = (accuracy.discrete_laplace_pmf if mechanism == "discrete_laplace"
+           else accuracy.discrete_gaussian_pmf)(scale, np.arange(-k, k + 1))
+    law = np.array([1.0])
+    for _ in range(nodes):
+        law = np.convolve(law, pmf)
+    return law, (len(law) - 1) // 2
+
+
 @pytest.mark.parametrize("mechanism,scale", [("discrete_laplace", Fraction(3)), ("discrete_gaussian", Fraction(4)),
                                              ("discrete_laplace", Fraction(1, 2))])
 @pytest.mark.parametrize("t", [1, 3, 7, 31])
 def test_point_interval_is_the_exact_law(mechanism, scale, t):
     cal = tree.TreeCalibration(64, mechanism, scale, tree.NodeSensitivity(1, 1))
     m = bin(t).count("1")
-    k = accuracy.noise_halfwidth(mechanism, scale, 1e-18)
-    pmf = (accuracy.discrete_laplace_pmf if mechanism == "discrete_laplace"
-           else accuracy.discrete_gaussian_pmf)(scale, np.arange(-k, k + 1))
-    law = np.array([1.0])
-    for _ in range(m):
-        law = np.convolve(law, pmf)
-    centre = (len(law) - 1) // 2
+    law, centre = _point_law(mechanism, scale, m)
     for level in (0.8, 0.95):
         h = int(tree.point_halfwidth(t, cal, level))
         inside = law[centre - h:centre + h + 1].sum()
@@ -238,14 +244,7 @@ def test_band_is_the_point_law_at_the_bonferroni_level(mechanism, scale, t):
     (1 - level) / m (checked against a direct convolution), the smallest such h, wider than
     the pointwise interval, and the same whatever day is being published."""
     cal = tree.TreeCalibration(64, mechanism, scale, tree.NodeSensitivity(1, 1))
-    m_nodes = bin(t).count("1")
-    k = accuracy.noise_halfwidth(mechanism, scale, 1e-18)
-    pmf = (accuracy.discrete_laplace_pmf if mechanism == "discrete_laplace"
-           else accuracy.discrete_gaussian_pmf)(scale, np.arange(-k, k + 1))
-    law = np.array([1.0])
-    for _ in range(m_nodes):
-        law = np.convolve(law, pmf)
-    centre = (len(law) - 1) // 2
+    law, centre = _point_law(mechanism, scale, bin(t).count("1"))
     for points in (64, 128):
         alpha = tree.band_alpha(0.95, points)
         assert alpha == pytest.approx(0.05 / points)
