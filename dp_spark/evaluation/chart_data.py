@@ -24,6 +24,13 @@ How the changes' intervals are built (:attr:`SeriesChart.change_method`):
 * ``none``: neither holds (no band, or points from several releases whose bands each cover
   only their own release): no change is marked, and the chart says so.
 
+The band of a series of single-noise cells whose releases stored none (a spec without
+``simultaneous: true``, such as the shipped DAU / WAU / MAU series) is computed here
+(:func:`computed_band`): every point's noise is one independent draw (its own cell, in its own
+release or not), so each point's exact interval at the Sidak level 1 - (1 - confidence)^(1/m)
+covers all m points together with probability >= confidence: the band the release would have
+stored, from public noise parameters only (``band_rule`` "Sidak, computed").
+
 Nothing here reads data or draws noise: post-processing of published values.
 """
 
@@ -31,11 +38,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 __all__ = ["USELESS_RELATIVE_ERROR", "ZOOM_MARGIN", "ChartPoint", "ChartChange", "SeriesChart",
-           "series_chart_data", "wider_than_value", "zoom_range"]
+           "computed_band", "series_chart_data", "wider_than_value", "zoom_range"]
 
 #: A relative error (interval half-width, or expected error, over the value) at or above this
 #: says nothing about the value: the interval is at least as wide as the value itself.
@@ -96,8 +103,9 @@ class SeriesChart:
     change_method: str  # exact | bands | none
     suppressed: int = 0  # cells withheld by min_group_size (not drawn)
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: how the band covers the points together: "Sidak" (a release's independent cells) or
-    #: "Bonferroni" (a stream's points, over its whole horizon)
+    #: how the band covers the points together: "Sidak" (a release's independent cells),
+    #: "Sidak, computed" (no stored band: computed from the noise parameters, over the chart's
+    #: independent single-noise points) or "Bonferroni" (a stream's points, over its horizon)
     band_rule: str = "Sidak"
 
     @property
@@ -163,6 +171,33 @@ def _band_group(row: Mapping[str, Any]) -> Any:
     return row.get("release_id")
 
 
+def computed_band(row: Mapping[str, Any], confidence: float, points: int) -> tuple[float, float]:
+    """The simultaneous band of a published single-noise cell (a count, a distinct count, a
+    sum: :func:`dp_spark.evaluation.utility.single_noise_cell`) among ``points`` such cells
+    with independent noises: its exact interval at the Sidak level 1 - (1 - confidence)^(1/m),
+    computed from its public noise parameters: value -/+ that half-width, or the pointwise
+    interval widened at each end by the two levels' half-widths' difference if that is wider;
+    where the release clamped the interval at 0 (a count: every truth is >= 0) the lower end
+    stays 0 and the upper end is widened by that difference (and one grid step). Never narrower
+    than the band the release would have stored; where a count's band would reach below 0 the
+    release cuts it at 0 and this does not (the kind is not in the row): wider, never narrower."""
+    from dp_spark.evaluation.utility import single_noise_halfwidth
+    from dp_spark.statistics.noise import joint_alpha
+
+    alpha = 1.0 - float(confidence)
+    h_point = single_noise_halfwidth(row, alpha)
+    h_band = single_noise_halfwidth(row, joint_alpha(alpha, max(1, points)))
+    v, lo, hi = float(row["value"]), float(row["ci_low"]), float(row["ci_high"])
+    tol = 1e-9 * (abs(v) + h_point) + float(row.get("grid") or 0.0)
+    clamped = lo == 0.0 and v - h_point < -tol  # the release's interval was cut at 0
+    widen = max(0.0, h_band - h_point)
+    if clamped:
+        # v~ (before the clamp) <= hi - h_point, so v~ + h_band <= hi + widen; one grid step
+        # of slack for a Laplace scale read back from the row (rounded up)
+        return lo, hi + widen + float(row.get("grid") or 0.0)
+    return min(lo - widen, v - h_band), max(hi + widen, v + h_band)
+
+
 def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
     from dp_spark.evaluation.utility import single_noise_cell, trend_differences
 
@@ -181,6 +216,14 @@ def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
     releases = len(groups)
     band_rule = "Bonferroni" if groups and all(isinstance(g, tuple) for g in groups) else "Sidak"
     notes: list[str] = []
+    if (not any(p.band_low is not None for p in points) and points and confidence is not None
+            and all(single_noise_cell(r) for r in live)):
+        # no stored band: single independent noises, the Sidak band over this chart's points
+        bands = [computed_band(r, confidence, len(points)) for r in live]
+        points = [replace(p, band_low=b[0], band_high=b[1]) for p, b in zip(points, bands)]
+        simultaneous, releases, band_rule = True, 1, "Sidak, computed"
+        notes.append("the band is computed from the published noise parameters: every point is one "
+                     "independent noise, so all points are inside their bands together")
     if len(confs) > 1:
         notes.append("the points' releases have different confidence levels: the lowest is used")
     changes: list[ChartChange] = []

@@ -616,6 +616,20 @@ def single_noise_cell(row: Mapping[str, Any]) -> bool:
     return abs(own - sd) <= 1e-6 * sd
 
 
+def single_noise_halfwidth(row: Mapping[str, Any], alpha: float) -> float:
+    """h (real units) with P(|noise| > h) <= ``alpha`` for a published cell whose noise is one
+    draw of its mechanism (:func:`single_noise_cell`): the exact law of that draw, from the
+    cell's public noise parameters (a Laplace scale rounded up: conservative)."""
+    from dp_spark.mechanisms import accuracy
+
+    grid = float(row.get("grid") or 1.0)
+    if row.get("mechanism") == accuracy.DISCRETE_LAPLACE:
+        scale = _laplace_scale_of(row)
+    else:
+        scale = float(row["noise_scale"]) / grid
+    return accuracy.noise_halfwidth(row["mechanism"], scale, float(alpha)) * grid
+
+
 def change_halfwidth(prev: Mapping[str, Any], cur: Mapping[str, Any], alpha: float) -> float:
     """h (real units) with P(|noise_cur - noise_prev| > h) <= ``alpha`` for two published cells
     with independent noises (:func:`trend_differences`)."""
