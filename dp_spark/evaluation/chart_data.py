@@ -129,7 +129,8 @@ class SeriesChart:
         return {
             "value": "DP estimate",
             "interval": f"{level} interval of each point alone",
-            "band": f"{level} band: all points of the release together",
+            "band": f"{level} band: all points of the " + {"Bonferroni": "stream", "Sidak, computed": "chart"}.get(
+                self.band_rule, "release") + " together",
             "up": f"increase, significant over all changes at {level}",
             "down": f"decrease, significant over all changes at {level}",
             "wide": "interval wider than the value: says nothing",

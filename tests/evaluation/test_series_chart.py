@@ -193,6 +193,7 @@ def test_a_computed_band_is_wider_than_the_pointwise_interval_and_covers_the_cha
     half_band = c.points[0].band_high - c.points[0].value
     half_point = c.points[0].ci_high - c.points[0].value
     assert c.band_rule == "Sidak, computed" and half_band > half_point
+    assert c.legend()["band"] == "95% band: all points of the chart together"
     covered_band = np.mean(np.all(np.abs(noise) <= half_band, axis=1))
     covered_point = np.mean(np.all(np.abs(noise) <= half_point, axis=1))
     assert covered_band >= 0.95 - 2 * math.sqrt(0.95 * 0.05 / n) and covered_point < 0.5
