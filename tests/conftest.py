@@ -62,11 +62,13 @@ PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
 SPARK_GROUP = "spark"
 SPARK_JOBS_GROUP = "spark-jobs"
 SPARK_JOBS_DIRS = ("jobs/", "deploy/")
-#: the Spark files long enough to be a group of their own (the ``where`` fuzz: 100-180 s of the
-#: run; ``make test-compat`` runs only tests/unit and tests/spark, where it was half the Spark
-#: time): :data:`SPARK_LONG_GROUP`, scheduled beside the other two like any group
+#: the Spark files long enough to be a group of their own, scheduled beside the other two like
+#: any group: the ``where`` fuzz (90-180 s; ``make test-compat`` runs only tests/unit and
+#: tests/spark, where it was half the Spark time) and the stream's 60 daily refreshes (about
+#: 230 s, which made the jobs group the run's longest): :data:`SPARK_LONG_GROUP`. Neither uses
+#: the shared Spark Connect server
 SPARK_LONG_GROUP = "spark-long"
-SPARK_LONG_FILES = frozenset({"spark/test_where_total.py"})
+SPARK_LONG_FILES = frozenset({"spark/test_where_total.py", "deploy/test_stream.py"})
 CONNECT_FIXTURES = frozenset({"connect_url"})
 
 
@@ -89,7 +91,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         fixtures = set(getattr(item, "fixturenames", ()))
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if fixtures & CONNECT_FIXTURES or (("spark" in fixtures) and rel.startswith(SPARK_JOBS_DIRS)):
+        if rel in SPARK_LONG_FILES and not fixtures & CONNECT_FIXTURES:
+            item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.xdist_group(SPARK_LONG_GROUP))
+        elif fixtures & CONNECT_FIXTURES or (("spark" in fixtures) and rel.startswith(SPARK_JOBS_DIRS)):
             # the one Spark Connect server of the run: its users take turns (a held write and
             # its takeover need both of its task slots), in the jobs group
             if "spark" in fixtures:
@@ -97,7 +102,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SPARK_JOBS_GROUP))
         elif "spark" in fixtures or rel.startswith("spark/"):
             item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group(SPARK_LONG_GROUP if rel in SPARK_LONG_FILES else SPARK_GROUP))
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
         else:
             # a file's tests on one worker: a module-scoped fixture (a driver process, a built
             # wheel) runs once, not once per worker
