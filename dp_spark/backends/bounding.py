@@ -190,7 +190,6 @@ def _salt_frame(df: DataFrame, salt: str) -> DataFrame:
     return df.sparkSession.createDataFrame([(salt,)], schema)
 
 
-
 def _with_row_priority(df: DataFrame, salt: str) -> tuple[DataFrame, list[Column]]:
     """``df`` + ``__dp_salt`` (one broadcast row: the salt is data, never a literal of the
     plan) + ``__dp_row_prio``: long, the row's keyed priority, and the row order of every cut
@@ -471,8 +470,10 @@ def bound_contributions(
     those partitions and aggregate the flagged rows only (the distinct-units count, which the K
     cut never cuts: :func:`dp_spark.backends.spark.build_query_partials`). The flagged rows are
     the rows returned without ``flag_col``: the same bounds hold for them. Not with L0 = 1,
-    whose cuts are one window (and K cannot drop the one partition's pair there). A bound given as None is not enforced;
-    at least one row bound must be given (K, or Linf with a partition column and L0).
+    whose cuts are one window (and K cannot drop the one partition's pair there).
+
+    A bound given as None is not enforced; at least one row bound must be given (K, or Linf
+    with a partition column and L0).
 
     Null unit ids, if still present, form one unit and are bounded like any other (see
     :func:`drop_null_units`). Every column must be hashable and sortable: drop map, variant
@@ -610,7 +611,6 @@ def bound_contributions(
         out = out.withColumn(flag_col, F.lit(True))
     # schema: input schema (temporary columns dropped) + flag_col when given
     return out.select(*[column_ref(c) for c in original], *kept)
-
 
 
 def flag_partitions_per_unit(df: DataFrame, *, unit_col: str, partition_col: str,
