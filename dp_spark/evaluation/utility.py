@@ -652,8 +652,10 @@ def change_halfwidth(prev: Mapping[str, Any], cur: Mapping[str, Any], alpha: flo
 
 
 def trend_differences(rows: Iterable[Mapping[str, Any]], *, statistic: str = "distinct_units",
-                      confidence: Optional[float] = None, simultaneous: bool = False) -> list[dict[str, Any]]:
-    """Day-over-day changes of a published trend, with intervals.
+                      confidence: Optional[float] = None, simultaneous: bool = False,
+                      lag: int = 1) -> list[dict[str, Any]]:
+    """Day-over-day changes of a published trend (``lag=7``: week over week, each day against
+    the day ``lag`` keys before it), with intervals.
 
     Post-processing of published rows only (no truth, no new noise, no charge). Consecutive
     keys (sorted) t-1, t: change = value_t - value_{t-1}. The two cells' noises are
@@ -673,14 +675,16 @@ def trend_differences(rows: Iterable[Mapping[str, Any]], *, statistic: str = "di
     cells' own. The non-negativity post-processing of counts is ignored (it matters only near 0).
 
     ``simultaneous``: intervals for all the changes at once, the family-wise level
-    ``confidence``: each change's interval at 1 - alpha/(m - 1) for m - 1 changes
-    (Bonferroni: consecutive changes share a cell, so they are not independent and Sidak's
-    product is not guaranteed for non-Gaussian noise; the union bound holds under any
-    dependence and its per-change level differs from Sidak's by under 3%: 8.47e-4 against
-    8.69e-4 for 59 changes at 95%).
+    ``confidence``: each change's interval at 1 - alpha/(m - lag) for the m - lag changes
+    (Bonferroni: changes share cells, so they are not independent and Sidak's product is not
+    guaranteed for non-Gaussian noise; the union bound holds under any dependence and its
+    per-change level differs from Sidak's by under 3%: 8.47e-4 against 8.69e-4 for 59 changes
+    at 95%).
     """
+    if not isinstance(lag, int) or isinstance(lag, bool) or lag < 1:
+        raise ConfigError("lag must be a whole number of keys >= 1 (1: day over day, 7: week over week)")
     cells = sorted((r for r in rows if r.get("statistic") == statistic), key=lambda r: str(r["key"]))
-    pairs = list(zip(cells[:-1], cells[1:]))
+    pairs = list(zip(cells[:-lag], cells[lag:]))
     out: list[dict[str, Any]] = []
     for prev, cur in pairs:
         conf = float(confidence if confidence is not None else cur.get("confidence", 0.95))
