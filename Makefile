@@ -28,7 +28,7 @@ COMPAT_MARKERS := spark or jvm or not slow
 # pytest-xdist workers for make test / test-fast / test-compat (--dist loadgroup: the in-process
 # Spark tests stay on one worker and one session, tests/conftest.py); PYTEST_WORKERS=0 runs serially
 # make test / test-compat run on two workers too (SUITE_WORKERS=0: serially): the Spark tests in
-# two groups, one session per worker (tests/conftest.py). The stalls of earlier two-worker runs
+# three groups (the jobs, the two longest files, the rest), one session per worker (tests/conftest.py). The stalls of earlier two-worker runs
 # were pytest 9.2 with pytest-xdist 3.8, under which no group held (setup.cfg pins pytest < 9.2
 # and tests/conftest.py refuses a run whose groups did not take)
 PYTEST_WORKERS ?= 2
