@@ -217,8 +217,8 @@ def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
     releases = len(groups)
     band_rule = "Bonferroni" if groups and all(isinstance(g, tuple) for g in groups) else "Sidak"
     notes: list[str] = []
-    if (not any(p.band_low is not None for p in points) and points and confidence is not None
-            and all(single_noise_cell(r) for r in live)):
+    single = bool(live) and all(single_noise_cell(r) for r in live)  # every point one noise
+    if not any(p.band_low is not None for p in points) and confidence is not None and single:
         # no stored band: single independent noises, the Sidak band over this chart's points
         bands = [computed_band(r, confidence, len(points)) for r in live]
         points = [replace(p, band_low=b[0], band_high=b[1]) for p, b in zip(points, bands)]
@@ -230,7 +230,7 @@ def _series(statistic: str, rows: list[Mapping[str, Any]]) -> SeriesChart:
     changes: list[ChartChange] = []
     method = "none"
     if len(points) >= 2 and confidence is not None:
-        if all(single_noise_cell(r) for r in live):
+        if single:
             method = "exact"
             diffs = trend_differences(live, statistic=statistic, confidence=confidence, simultaneous=True)
             changes = [ChartChange(key=d["key"], previous_key=d["previous_key"], change=d["value"],
