@@ -68,6 +68,15 @@ def _drain_at_exit() -> None:
         engine.close(timeout=EXIT_WAIT_SECONDS)
 
 
+def _as_written(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows a release write committed, as :func:`~dp_spark.delta.release_table.read_release`
+    returns them (the table's columns, ordered by statistic and key), without reading them back."""
+    from dp_spark.delta.release_table import RELEASE_SCHEMA
+
+    return sorted(({f.name: r.get(f.name) for f in RELEASE_SCHEMA.fields} for r in rows),
+                  key=lambda r: (r["statistic"], r["key"]))
+
+
 # --------------------------------------------------------------------------------------
 # Result
 # --------------------------------------------------------------------------------------
@@ -684,10 +693,7 @@ class Engine:
         self._audit(spec, status, release_id, charged, detail)
         self._record(spec, release_id, version=bool(rows))  # no key selected: the current version stays
         # the write committed exactly these rows: return them without reading the table back
-        from dp_spark.delta.release_table import RELEASE_SCHEMA
-
-        mine = sorted(({f.name: r.get(f.name) for f in RELEASE_SCHEMA.fields} for r in rows),
-                      key=lambda r: (r["statistic"], r["key"]))
+        mine = _as_written(rows)
         return self._result(spec, release_id, path, status, mine, charge=charged,
                             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
 
@@ -780,13 +786,17 @@ class Engine:
         with _stage(self.spark, "write", release_id):
             try:
                 write_release(self.spark, path, rows)
+                landed = True
             except ConcurrentReleaseWrite:  # the same numbers (the same nodes): theirs landed
-                pass
+                landed = False
         self._commit_stream(sid)
         self._audit(spec, "published", release_id, charged, f"stream {sid}: point {plan.days} of {plan.horizon}")
         self._record(spec, release_id)
+        # the write committed exactly these rows: returned without reading the table back
+        # (another run's write of this release id landed instead: read back, theirs)
+        mine = _as_written(rows) if landed else read_release(self.spark, path, release_id)
         del rows
-        return self._result(spec, release_id, path, "published", read_release(self.spark, path, release_id),
+        return self._result(spec, release_id, path, "published", mine,
                             charge=charged, note=f"stream point {plan.days} of {plan.horizon}")
 
     def _stream_points_written(self, spec: ReleaseSpec, path: str, sid: str) -> set:

@@ -11,15 +11,16 @@ Markers are given from what a test needs, not by hand (``pytest_collection_modif
 * ``slow`` (besides the statistical tests marked by hand): the long pure tests in
   :data:`LONG_TESTS`.
 
-``make test`` and ``make test-fast`` run on two pytest-xdist workers with ``--dist loadgroup``:
-the ``spark`` tests are in two groups, the end-to-end jobs of tests/jobs and tests/deploy
-(:data:`SPARK_JOBS_GROUP`, with every test of the shared Spark Connect server) and the rest
-(:data:`SPARK_GROUP`), with the longest Spark file apart (:data:`SPARK_LONG_GROUP`); each group
-runs on one worker, in order, on that worker's one session (a session takes ~10 s to start;
-a worker that runs two groups runs them one after the other on its one session), so the
-groups run side by side, never more than one session per worker; the other tests (pure,
-PostgreSQL, a JVM of their own) are grouped by file (a module fixture runs once) and the
-files spread over both workers.
+``make test`` and ``make test-compat`` run on three pytest-xdist workers, ``make test-fast`` on
+two, with ``--dist loadgroup``: the ``spark`` tests are in five groups, the end-to-end jobs of
+tests/jobs (:data:`SPARK_JOBS_GROUP`) and of tests/deploy (:data:`SPARK_DEPLOY_GROUP`), every
+test of the shared Spark Connect server (:data:`SPARK_CONNECT_GROUP`), the two longest Spark
+files (:data:`SPARK_LONG_GROUP`) and the rest (:data:`SPARK_GROUP`); each group runs on one
+worker, in order, on that worker's one session (a session takes ~10 s to start; a worker that
+runs two groups runs them one after the other on its one session), so the groups run side by
+side, never more than one session per worker; the other tests (pure, PostgreSQL, a JVM of
+their own) are grouped by file (a module fixture runs once) and the files spread over the
+workers. The groups are handed out longest first (:data:`GROUP_SECONDS`).
 
 ``make test-fast`` runs ``-m "not spark and not pg and not jvm and not slow"`` with no JVM on
 the path (a test that starts one without its marker fails there instead of being slow);
@@ -55,20 +56,29 @@ LONG_TESTS = frozenset({
 PG_FILES = frozenset({"ledger/test_durability.py"})
 PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
 #: the xdist groups of the ``spark`` tests (``--dist loadgroup``): each group on one worker and
-#: one session of that worker. The end-to-end jobs (tests/jobs, tests/deploy: mostly driver
-#: processes of their own, kill -9, a cluster, Spark Connect) are one group, every other Spark
-#: test the other, so on two workers the two halves run side by side, one session each; the
-#: tests of the shared Spark Connect server are all in the jobs group (never at the same time)
+#: one session of that worker (a worker that runs two groups runs them one after the other on
+#: its one session). The end-to-end jobs (mostly driver processes of their own, kill -9, a
+#: cluster) are two groups, tests/jobs and tests/deploy; every test of the shared Spark Connect
+#: server is in a third, so its users take turns (a held write and its takeover need both of
+#: its task slots); every other Spark test is in the ``spark`` group
 SPARK_GROUP = "spark"
 SPARK_JOBS_GROUP = "spark-jobs"
-SPARK_JOBS_DIRS = ("jobs/", "deploy/")
-#: the Spark files long enough to be a group of their own, scheduled beside the other two like
+SPARK_DEPLOY_GROUP = "spark-deploy"
+SPARK_CONNECT_GROUP = "spark-connect"
+SPARK_JOBS_DIRS = {"jobs/": SPARK_JOBS_GROUP, "deploy/": SPARK_DEPLOY_GROUP}
+#: the Spark files long enough to be a group of their own, scheduled beside the others like
 #: any group: the ``where`` fuzz (90-180 s; ``make test-compat`` runs only tests/unit and
 #: tests/spark, where it was half the Spark time) and the stream's 60 daily refreshes (about
-#: 230 s, which made the jobs group the run's longest): :data:`SPARK_LONG_GROUP`. Neither uses
-#: the shared Spark Connect server
+#: 230 s): :data:`SPARK_LONG_GROUP`. Neither uses the shared Spark Connect server
 SPARK_LONG_GROUP = "spark-long"
 SPARK_LONG_FILES = frozenset({"spark/test_where_total.py", "deploy/test_stream.py"})
+#: the order in which the groups are handed to the workers: longest first (their rough seconds
+#: in `make test` on 2 cores and 3 workers), so that no long group starts last and runs alone
+#: at the end; the other per-file groups follow, the most tests first (xdist's own order)
+GROUP_SECONDS = {SPARK_LONG_GROUP: 560, SPARK_JOBS_GROUP: 550, SPARK_DEPLOY_GROUP: 450, SPARK_GROUP: 450,
+                 SPARK_CONNECT_GROUP: 300, "statistical/test_coverage_table.py": 250,
+                 "evaluation/test_notebooks.py": 220, "statistical/test_dp_inequality.py": 200,
+                 "docs/test_tutorial.py": 150}
 CONNECT_FIXTURES = frozenset({"connect_url"})
 
 
@@ -94,12 +104,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if rel in SPARK_LONG_FILES and not fixtures & CONNECT_FIXTURES:
             item.add_marker(pytest.mark.spark)
             item.add_marker(pytest.mark.xdist_group(SPARK_LONG_GROUP))
-        elif fixtures & CONNECT_FIXTURES or (("spark" in fixtures) and rel.startswith(SPARK_JOBS_DIRS)):
-            # the one Spark Connect server of the run: its users take turns (a held write and
-            # its takeover need both of its task slots), in the jobs group
+        elif fixtures & CONNECT_FIXTURES:
+            # the one Spark Connect server of the run: its users take turns, in one group
             if "spark" in fixtures:
                 item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group(SPARK_JOBS_GROUP))
+            item.add_marker(pytest.mark.xdist_group(SPARK_CONNECT_GROUP))
+        elif "spark" in fixtures and rel.startswith(tuple(SPARK_JOBS_DIRS)):
+            item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.xdist_group(SPARK_JOBS_DIRS[rel[:rel.index("/") + 1]]))
         elif "spark" in fixtures or rel.startswith("spark/"):
             item.add_marker(pytest.mark.spark)
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
@@ -114,6 +126,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.jvm)
         if test_id in LONG_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the groups handed out longest first (:data:`GROUP_SECONDS`),
+    then the per-file groups as xdist orders them (the most tests first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongestFirst(LoadGroupScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node):
+            if not self._ordered:  # the queue is complete before the first unit is handed out
+                self._ordered = True
+                units = sorted(self.workqueue.items(), key=lambda u: -GROUP_SECONDS.get(u[0], 0))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
