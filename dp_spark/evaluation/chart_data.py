@@ -92,6 +92,11 @@ class ChartChange:
     significant: bool
 
 
+#: what a band's points are taken together over, by its rule: a stream's stored band (Bonferroni
+#: over its horizon), a band computed for the chart's points (Sidak), a release's stored band
+_BAND_SCOPE = {"Bonferroni": "stream", "Sidak, computed": "chart"}
+
+
 @dataclass(frozen=True)
 class SeriesChart:
     statistic: str
@@ -129,8 +134,7 @@ class SeriesChart:
         return {
             "value": "DP estimate",
             "interval": f"{level} interval of each point alone",
-            "band": f"{level} band: all points of the " + {"Bonferroni": "stream", "Sidak, computed": "chart"}.get(
-                self.band_rule, "release") + " together",
+            "band": f"{level} band: all points of the {_BAND_SCOPE.get(self.band_rule, 'release')} together",
             "up": f"increase, significant over all changes at {level}",
             "down": f"decrease, significant over all changes at {level}",
             "wide": "interval wider than the value: says nothing",
