@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from contextlib import contextmanager
 
 import py4j.java_gateway
 import py4j.protocol
@@ -68,18 +67,6 @@ def _expressions(names, rng):
                 "m - l > 0", "s LIKE 'a\\\\_%'", "s ILIKE '%B%'", "CASE WHEN s = 1 THEN i + l END IS NULL"]
 
 
-@contextmanager
-def _unconverted_py4j_errors():
-    """py4j's own ``get_return_value`` for the duration (pyspark replaces it with one that
-    converts every JVM error into a Python exception), restored after."""
-    converting = py4j.java_gateway.get_return_value
-    py4j.java_gateway.get_return_value = py4j.protocol.get_return_value
-    try:
-        yield
-    finally:
-        py4j.java_gateway.get_return_value = converting
-
-
 def _runtime_failures(spark, df, exprs, total: bool) -> list[str]:
     """Expressions that resolve but raise when evaluated (with or without total_where)."""
     ctx = (lambda: total_where(spark)) if total else (lambda: total_where(spark, active=False))
@@ -89,7 +76,9 @@ def _runtime_failures(spark, df, exprs, total: bool) -> list[str]:
     # them: pyspark's conversion of each (several round trips and a formatted JVM stack trace)
     # took 25 ms an error against 5 ms a resolved expression, and about 45% of these fail
     # (measured on 1,400 of these expressions, 13.7 ms each -> 2.6 ms, the same 782 resolved)
-    with ctx(), quiet_pyspark_error_logs(), _unconverted_py4j_errors():
+    with ctx(), quiet_pyspark_error_logs(), pytest.MonkeyPatch.context() as mp:
+        # py4j's own get_return_value (pyspark replaces it with its converting one), restored after
+        mp.setattr(py4j.java_gateway, "get_return_value", py4j.protocol.get_return_value)
         for e in exprs:
             try:
                 df._jdf.selectExpr(df._jseq([e])).schema()
