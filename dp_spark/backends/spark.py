@@ -30,8 +30,9 @@
          the first level groups every pair (the row statistics aggregate the flagged rows) and
          L0' is a flag on those groups (flag_partitions_per_unit); with private keys one more
          pass over the distinct pairs
-      -> collect: at most key tuples rows of longs reach the driver, streamed one Spark partition
-         at a time and packed into int64 vectors (stream_partial_columns)
+      -> collect: at most key tuples rows of longs reach the driver as int64 vectors
+         (stream_partial_columns): in one Spark job as Arrow up to 2^24 values, beyond that
+         streamed one Spark partition at a time
 
 Limits that cannot bind are not computed (L0 >= number of key tuples; Linf >= K).
 """
@@ -477,19 +478,57 @@ def collect_query_partials(df: DataFrame, plan):
 
 #: rows of partials turned into numpy vectors at a time on the driver (the stream's bound)
 STREAM_BATCH = 65_536
+#: partials of at most this many values (rows x columns) come to the driver in ONE Spark job as
+#: Arrow (at most 128 MiB of int64, well under ``spark.driver.maxResultSize``'s default 1 GiB);
+#: larger ones one Spark partition at a time (toLocalIterator: one job per partition)
+ARROW_COLLECT_VALUES = 1 << 24
 
 
 def stream_partial_columns(df: DataFrame, n: int, batch: int = STREAM_BATCH):
-    """The partials of at most ``n`` cells, streamed to the driver one Spark partition at a
-    time (``toLocalIterator``: never one collect of every row) and packed into int64
-    vectors every ``batch`` rows: a :class:`~dp_spark.statistics.plan.PartialColumns`. More
-    than ``n`` rows, or two rows of one cell, is a SchemaError (no value in the text)."""
+    """The partials of at most ``n`` cells as int64 vectors: a
+    :class:`~dp_spark.statistics.plan.PartialColumns`. Up to :data:`ARROW_COLLECT_VALUES`
+    values, one Spark job collecting Arrow columns (the driver holds what the result holds
+    anyway: int64 columns, no Python object per row); beyond, streamed one Spark partition at
+    a time (``toLocalIterator``: never one collect of every row) and packed every ``batch``
+    rows. More than ``n`` rows, or two rows of one cell, is a SchemaError (no value in the
+    text)."""
     import numpy as np
 
     from dp_spark.statistics.plan import PartialColumns
 
     names = [c for c in df.columns if c != CELL]
     fields = [CELL] + names
+    if n * len(fields) <= ARROW_COLLECT_VALUES:
+        table = _arrow_partials(df.select(*fields), fields)
+        if table.shape[0] > n:
+            raise SchemaError("partials hold more rows than the release has cells")
+    else:
+        table = _streamed_partials(df.select(*fields), fields, n, batch)
+    order = np.argsort(table[:, 0], kind="stable")
+    table = table[order]
+    if table.shape[0] > 1 and bool(np.any(np.diff(table[:, 0]) == 0)):
+        raise SchemaError("partials hold more than one row for a key tuple")
+    return PartialColumns(table[:, 0], {name: table[:, j + 1] for j, name in enumerate(names)})
+
+
+def _arrow_partials(df: DataFrame, fields: list[str]):
+    """The rows of ``df`` (long columns ``fields``) as one int64 matrix, collected as Arrow in
+    one Spark job (a null is 0, as in the streamed path)."""
+    import numpy as np
+    import pyarrow as pa
+
+    got = df.toArrow()
+    if got.num_rows == 0:
+        return np.zeros((0, len(fields)), dtype=np.int64)
+    cols = [got.column(f).cast(pa.int64()).fill_null(0).to_numpy() for f in fields]
+    return np.column_stack(cols).astype(np.int64, copy=False)
+
+
+def _streamed_partials(df: DataFrame, fields: list[str], n: int, batch: int):
+    """The rows of ``df`` as one int64 matrix, one Spark partition at a time, packed every
+    ``batch`` rows; more than ``n`` rows is a SchemaError as soon as the n+1-th arrives."""
+    import numpy as np
+
     chunks: list[np.ndarray] = []
     buf: list[tuple] = []
     seen = 0
@@ -499,7 +538,7 @@ def stream_partial_columns(df: DataFrame, n: int, batch: int = STREAM_BATCH):
                       .reshape(len(buf), len(fields)))
         buf.clear()
 
-    for r in df.select(*fields).toLocalIterator():
+    for r in df.toLocalIterator():
         seen += 1
         if seen > n:
             raise SchemaError("partials hold more rows than the release has cells")
@@ -508,12 +547,7 @@ def stream_partial_columns(df: DataFrame, n: int, batch: int = STREAM_BATCH):
             pack()
     if buf:
         pack()
-    table = np.concatenate(chunks) if chunks else np.zeros((0, len(fields)), dtype=np.int64)
-    order = np.argsort(table[:, 0], kind="stable")
-    table = table[order]
-    if table.shape[0] > 1 and bool(np.any(np.diff(table[:, 0]) == 0)):
-        raise SchemaError("partials hold more than one row for a key tuple")
-    return PartialColumns(table[:, 0], {name: table[:, j + 1] for j, name in enumerate(names)})
+    return np.concatenate(chunks) if chunks else np.zeros((0, len(fields)), dtype=np.int64)
 
 
 def _collect_private(df: DataFrame, plan):

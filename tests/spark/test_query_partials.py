@@ -99,3 +99,35 @@ def test_distinct_units_under_the_k_cut_read_the_input_once(spark, tmp_path):
     got = _partials(df, plan)
     assert got[REGIONS[0]]["units"] == 1 and got[REGIONS[1]]["units"] == 1 and got[REGIONS[2]]["units"] == 1
     assert got[REGIONS[0]]["rows"] + got[REGIONS[1]]["rows"] == K and got[REGIONS[2]]["rows"] == 1
+
+
+def test_the_arrow_and_the_streamed_collect_give_the_same_columns_and_refuse_alike(spark, monkeypatch):
+    """stream_partial_columns collects up to ARROW_COLLECT_VALUES values as Arrow in one job,
+    beyond that one partition at a time: the same int64 columns (a null is 0, sorted by cell)
+    on 7 partitions, and more rows than cells or two rows of a cell refused either way."""
+    import numpy as np
+
+    from dp_spark.backends import spark as backend
+    from dp_spark.errors import SchemaError
+
+    rows = [(c, None if c % 5 == 0 else c * 3 - 40, (1 << 62) + c) for c in random.Random(3).sample(range(500), 300)]
+    df = spark.createDataFrame(rows, f"{backend.CELL} long, a long, b long").repartition(7)
+
+    def both(frame, n):
+        got = []
+        for limit in (backend.ARROW_COLLECT_VALUES, 0):  # 0: every collect streams
+            monkeypatch.setattr(backend, "ARROW_COLLECT_VALUES", limit)
+            got.append(backend.stream_partial_columns(frame, n, batch=64))
+        return got
+
+    arrow, streamed = both(df, 500)
+    want = sorted(rows)
+    for got in (arrow, streamed):
+        assert got.index.tolist() == [r[0] for r in want]
+        assert got.columns["a"].dtype == np.int64 and got.columns["a"].tolist() == [r[1] or 0 for r in want]
+        assert got.columns["b"].tolist() == [r[2] for r in want]
+    for frame, n in ((df, 299), (df.union(df.limit(1)), 500)):
+        for limit in (backend.ARROW_COLLECT_VALUES, 0):
+            monkeypatch.setattr(backend, "ARROW_COLLECT_VALUES", limit)
+            with pytest.raises(SchemaError):
+                backend.stream_partial_columns(frame, n, batch=64)
