@@ -13,7 +13,15 @@ export DP_SPARK_TEST_MODE=1
 # equivalence, transforms, grey-box and writer files, serially on a quiet machine: 252 -> 208
 # CPU seconds, 164 -> 144 s. Settings only the test run makes (`make test-compat` too, Makefile).
 TEST_JVM_OPTS=${TEST_JVM_OPTS:--XX:+UseSerialGC}
+# The short-lived JVMs the tests start (a `dp-spark` job, a notebook's kernel, the tutorial's
+# commands, kill -9 drivers) compile with C1 only: C2 spent a third of such a JVM's CPU on code
+# it ran a few times. A small Delta write-and-read job, 4 runs each, alternating: 38-46 -> 22-31
+# CPU seconds, and no slower. The long-lived ones (the workers' sessions, the Connect server)
+# keep C2: there C1-only saved 7% of the CPU but lost 20% of the wall time (tests/conftest.py
+# gives a worker's session DP_SPARK_TEST_SESSION_JVM_OPTS instead).
+TEST_CHILD_JVM_OPTS=${TEST_CHILD_JVM_OPTS--XX:TieredStopAtLevel=1}
 export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }$TEST_JVM_OPTS"
+export DP_SPARK_TEST_SESSION_JVM_OPTS="$SPARK_SUBMIT_OPTS"
 export SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS:+$SPARK_DAEMON_JAVA_OPTS }$TEST_JVM_OPTS"
 # shellcheck source=.ci/postgres.sh
 source .ci/postgres.sh
@@ -26,6 +34,8 @@ trap cleanup EXIT
 [ -n "${DP_SPARK_TEST_PG_DSN:-}" ] || pg_start
 [ -n "${DP_SPARK_TEST_MASTER:-}" ] || cluster_start
 [ -n "${DP_SPARK_TEST_CONNECT:-}" ] || connect_start
+# the services above are long-lived (session options); what the tests start is not
+export SPARK_SUBMIT_OPTS="$SPARK_SUBMIT_OPTS${TEST_CHILD_JVM_OPTS:+ $TEST_CHILD_JVM_OPTS}"
 set +e
 "$PY" -m pytest -q -rs --durations="${PYTEST_DURATIONS:-30}" -n "${PYTEST_WORKERS:-0}" --dist loadgroup "$@"
 rc=$?

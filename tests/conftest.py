@@ -176,7 +176,13 @@ def spark():
     # 2g of heap (the default is 1g): the suite's one session runs hundreds of releases, some of
     # 100k cells; a clean-clone run once saw this JVM shut down midway (its shutdown hook
     # stopped the context) and every later Spark test fail, as a fatal error in local mode does
-    session = get_or_create_session("dp_spark-tests", master="local[2]", extra_conf={"spark.driver.memory": "2g"})
+    # the JVM options of a long-lived session (.ci/test.sh: the jobs a test starts get C1-only
+    # options through SPARK_SUBMIT_OPTS; this JVM lives the whole run and keeps C2)
+    session_opts = os.environ.get("DP_SPARK_TEST_SESSION_JVM_OPTS")
+    with pytest.MonkeyPatch.context() as mp:
+        if session_opts is not None:
+            mp.setenv("SPARK_SUBMIT_OPTS", session_opts)
+        session = get_or_create_session("dp_spark-tests", master="local[2]", extra_conf={"spark.driver.memory": "2g"})
     yield session
     session.stop()
 
