@@ -29,8 +29,18 @@ source .ci/postgres.sh
 source .ci/cluster.sh
 # shellcheck source=.ci/connect.sh
 source .ci/connect.sh
-cleanup() { connect_stop; cluster_stop; pg_stop; }
+# shellcheck source=.ci/cds.sh
+source .ci/cds.sh
+cleanup() { connect_stop; cluster_stop; pg_stop; cds_stop; }
 trap cleanup EXIT
+# one class-data-sharing archive for every JVM of the run, the services' too (.ci/cds.sh); its
+# warm-up is a short-lived JVM: the children's options
+SPARK_SUBMIT_OPTS="$SPARK_SUBMIT_OPTS${TEST_CHILD_JVM_OPTS:+ $TEST_CHILD_JVM_OPTS}" cds_start
+if [ -n "$CDS_JVM_OPTS" ]; then
+    export SPARK_SUBMIT_OPTS="$SPARK_SUBMIT_OPTS $CDS_JVM_OPTS"
+    export DP_SPARK_TEST_SESSION_JVM_OPTS="$DP_SPARK_TEST_SESSION_JVM_OPTS $CDS_JVM_OPTS"
+    export SPARK_DAEMON_JAVA_OPTS="$SPARK_DAEMON_JAVA_OPTS $CDS_JVM_OPTS"
+fi
 [ -n "${DP_SPARK_TEST_PG_DSN:-}" ] || pg_start
 [ -n "${DP_SPARK_TEST_MASTER:-}" ] || cluster_start
 [ -n "${DP_SPARK_TEST_CONNECT:-}" ] || connect_start
