@@ -78,8 +78,8 @@ _MASK53 = (1 << 53) - 1
 
 def _uniform(seed: int, tag: str, *cols: Column) -> Column:
     """A uniform double in (0, 1) from a keyed hash: deterministic, independent per tag."""
-    h = F.xxhash64(F.lit(seed).cast(T.LongType()), F.lit(tag), *cols)
-    return (h.bitwiseAND(F.lit(_MASK53)).cast(T.DoubleType()) + F.lit(0.5)) / F.lit(float(2**53))
+    h = F.xxhash64(F.lit(seed).cast("bigint"), F.lit(tag), *cols)
+    return (h.bitwiseAND(F.lit(_MASK53)).cast("double") + F.lit(0.5)) / F.lit(float(2**53))
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> int:
@@ -164,15 +164,15 @@ def generate_events(
         home = F.when(u_home < F.lit(cdf[r - 1]), F.lit(r)).otherwise(home)
     users = spark.range(0, n_users, 1, partitions).select(
         F.col("id").alias("uidx"),
-        n_rows.cast(T.IntegerType()).alias("n_rows"),
-        home.cast(T.IntegerType()).alias("home"),
+        n_rows.cast("int").alias("n_rows"),
+        home.cast("int").alias("home"),
     )
 
     # --- events: uidx, home, j: int (ordinal of the event within its user)
     events = users.select(
         "uidx", "home", F.explode(F.sequence(F.lit(0), F.col("n_rows") - F.lit(1))).alias("j")
     )
-    event_id = uidx * F.lit(stride) + F.col("j").cast(T.LongType())
+    event_id = uidx * F.lit(stride) + F.col("j").cast("bigint")
     events = events.select("uidx", "home", event_id.alias("event_id"))
     eid = F.col("event_id")
 
@@ -180,14 +180,14 @@ def generate_events(
     day_offset = F.least(F.floor(_uniform(seed, "day", eid) * F.lit(days)), F.lit(days - 1))
     second = F.least(F.floor(_uniform(seed, "second", eid) * F.lit(86400)), F.lit(86399))
     event_time = F.timestamp_seconds(F.lit(start_epoch) + day_offset * F.lit(86400) + second)
-    day = F.date_add(F.lit(start_date), day_offset.cast(T.IntegerType()))
+    day = F.date_add(F.lit(start_date), day_offset.cast("int"))
 
     away = _uniform(seed, "away", eid) < F.lit(_AWAY_SHARE)
     away_region = F.least(
         F.floor(_uniform(seed, "away_region", eid) * F.lit(regions)) + F.lit(1), F.lit(regions)
     )
     region_idx = F.when(away, away_region).otherwise(F.col("home"))
-    region = F.format_string(f"region_%0{region_width}d", region_idx.cast(T.IntegerType()))
+    region = F.format_string(f"region_%0{region_width}d", region_idx.cast("int"))
 
     # Box-Muller: z ~ N(0, 1) from two uniforms in (0, 1).
     z = F.sqrt(F.lit(-2.0) * F.log(_uniform(seed, "value_r", eid))) * F.cos(
@@ -196,7 +196,7 @@ def generate_events(
     base_value = F.round(F.exp(F.lit(math.log(_VALUE_MEDIAN)) + F.lit(_VALUE_SIGMA) * z), 2)
     u_special = _uniform(seed, "special", eid)
     order_value = (
-        F.when(u_special < F.lit(_P_NULL_VALUE), F.lit(None).cast(T.DoubleType()))
+        F.when(u_special < F.lit(_P_NULL_VALUE), F.lit(None).cast("double"))
         .when(u_special < F.lit(_P_NAN_VALUE), F.lit(float("nan")))
         .when(u_special < F.lit(_P_NEGATIVE_VALUE), -base_value)
         .when(u_special < F.lit(_P_ABSURD_VALUE), F.lit(_ABSURD_VALUE))
@@ -206,7 +206,7 @@ def generate_events(
     null_user = _uniform(seed, "null_user", eid) < F.lit(_P_NULL_USER)
     if heavy:
         null_user = null_user & ~uidx.isin(heavy)
-    user_id = F.when(null_user, F.lit(None).cast(T.StringType())).otherwise(
+    user_id = F.when(null_user, F.lit(None).cast("string")).otherwise(
         F.format_string(f"u%0{width}d", uidx)
     )
 
@@ -217,5 +217,5 @@ def generate_events(
         event_time.alias("event_time"),
         day.alias("day"),
         region.alias("region"),
-        order_value.cast(T.DoubleType()).alias("order_value"),
+        order_value.cast("double").alias("order_value"),
     )

@@ -992,7 +992,6 @@ class Engine:
         never reach the driver, so when the ledger cannot tell (a takeover, a concurrent write)
         the stored cells are returned whoever drew them: they are the release."""
         from pyspark.sql import functions as F
-        from pyspark.sql import types as T
 
         from dp_spark.backends.spark import NOISY_CELL_FIELDS, NOISY_KEY_PREFIX, noisy_release_frame
         from dp_spark.delta.release_table import RELEASE_SCHEMA, ConcurrentReleaseWrite, write_release_frame
@@ -1008,10 +1007,10 @@ class Engine:
             elif f.name == "keys":
                 col = (F.map_from_arrays(F.array(*[F.lit(c) for c in names]),
                                          F.array(*[F.col(f"{NOISY_KEY_PREFIX}{j}") for j in range(len(names))]))
-                       if names else F.create_map().cast(T.MapType(T.StringType(), T.StringType())))
+                       if names else F.create_map().cast("map<string,string>"))
             else:
                 col = F.lit(common[f.name])
-            cols.append(col.cast(f.dataType).alias(f.name))
+            cols.append(col.cast(f.dataType.simpleString()).alias(f.name))
         try:
             write_release_frame(path, cells.select(*cols), release_id)
             raced = False

@@ -773,13 +773,13 @@ def clamp_to_fixed_point(
 
     # Cast to double never fails (ANSI or not) for numeric types; decimals beyond 2^53 round,
     # then clamp. Comparisons, not arithmetic, on the raw value: nothing can overflow.
-    v = column_ref(value_col).cast(T.DoubleType())
-    lo_lit, hi_lit = F.lit(lo).cast(T.DoubleType()), F.lit(hi).cast(T.DoubleType())
+    v = column_ref(value_col).cast("double")
+    lo_lit, hi_lit = F.lit(lo).cast("double"), F.lit(hi).cast("double")
     clamped = F.when(v < lo_lit, lo_lit).when(v > hi_lit, hi_lit).otherwise(v)
     # |clamped * 2^f| <= 2^52: exact in double, round() is exact, the long cast cannot overflow.
-    fixed = F.round(clamped * F.lit(float(2**f)), 0).cast(T.LongType())
+    fixed = F.round(clamped * F.lit(float(2**f)), 0).cast("bigint")
     # v IS NULL or NaN -> NULL. (NaN compares greater than every double in Spark, so without
     # this guard it would silently become `upper`.)
-    result = F.when(v.isNull() | F.isnan(v), F.lit(None).cast(T.LongType())).otherwise(fixed)
+    result = F.when(v.isNull() | F.isnan(v), F.lit(None).cast("bigint")).otherwise(fixed)
     # schema: input + out_col: long (nullable)
     return df.withColumn(out_col, result)

@@ -63,7 +63,7 @@ def day_digests(df: DataFrame, *, date_column: str, days: Sequence[str], columns
     day_col = _fresh(f"{TEMP_PREFIX}fp_day", taken)
     hash_col = _fresh(f"{TEMP_PREFIX}fp_hash", taken)
     cols = [column_ref(c) for c in columns]
-    day = column_ref(date_column).cast(T.StringType())
+    day = column_ref(date_column).cast("string")
     # schema: the read columns + day: string, one broadcast row joined in for the key
     key_frame = df.sparkSession.createDataFrame(
         [(row_key,)], T.StructType([T.StructField(key_col, T.StringType(), False)]))

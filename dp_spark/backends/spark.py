@@ -142,7 +142,7 @@ def join_key_index(df: DataFrame, column: str, values, indices=None) -> tuple[Da
     key_name = _free_name(f"dp_key_{column}", taken)
     index_name = _free_name(f"dp_kidx_{column}", taken | {key_name})
     keys = key_index_frame(df.sparkSession, values, key_name, index_name, indices)
-    joined = df.join(F.broadcast(keys), column_ref(column).cast(T.StringType()) == F.col(key_name), "inner")
+    joined = df.join(F.broadcast(keys), column_ref(column).cast("string") == F.col(key_name), "inner")
     return joined.drop(key_name), F.col(index_name)
 
 
@@ -161,7 +161,7 @@ def key_table_frame(df: DataFrame, column: str, where, source: str, field: str) 
         with total_where(df.sparkSession, where is not None):
             if where is not None:
                 df = df.where(F.expr(where))
-            keys = df.select(column_ref(column).cast(T.StringType()).alias("key")).where(F.col("key").isNotNull())
+            keys = df.select(column_ref(column).cast("string").alias("key")).where(F.col("key").isNotNull())
             keys = keys.distinct()
             _ = keys.schema  # Spark Connect analyses lazily: force it now
     except ConfigError:
@@ -190,17 +190,17 @@ def component_row_columns(comp: Component) -> dict[str, Any]:
         k2, s = comp.square_grid
         c = comp.clamp
         unit = float(Fraction(2) ** c.grid_exponent)
-        x = F.col(comp.fixed_column).cast(T.DoubleType()) * F.lit(unit) - F.lit(float(c.midpoint))
+        x = F.col(comp.fixed_column).cast("double") * F.lit(unit) - F.lit(float(c.midpoint))
         half = float(c.half_width * c.half_width / 2)
-        y = F.round((x * x - F.lit(half)) * F.lit(float(Fraction(2) ** -k2)), 0).cast(T.LongType())
-        y = F.least(F.greatest(y, F.lit(-s).cast(T.LongType())), F.lit(s).cast(T.LongType()))
+        y = F.round((x * x - F.lit(half)) * F.lit(float(Fraction(2) ** -k2)), 0).cast("bigint")
+        y = F.least(F.greatest(y, F.lit(-s).cast("bigint")), F.lit(s).cast("bigint"))
         return {f"dp_sq_{comp.tag}": y}
     if comp.kind == "hist":
         c = comp.clamp
         lo = float(c.lower * Fraction(2) ** -c.grid_exponent)
         span = float((c.upper - c.lower) * Fraction(2) ** -c.grid_exponent)
-        pos = (F.col(comp.fixed_column).cast(T.DoubleType()) - F.lit(lo)) / F.lit(span) * F.lit(float(comp.bins))
-        b = F.least(F.greatest(F.floor(pos), F.lit(0)), F.lit(comp.bins - 1)).cast(T.IntegerType())
+        pos = (F.col(comp.fixed_column).cast("double") - F.lit(lo)) / F.lit(span) * F.lit(float(comp.bins))
+        b = F.least(F.greatest(F.floor(pos), F.lit(0)), F.lit(comp.bins - 1)).cast("int")
         return {f"dp_bin_{comp.bin_tag}": b}
     return {}
 
@@ -214,14 +214,14 @@ def component_aggregates(comp: Component, unit_col: str, kept=None) -> dict[str,
 
     def exact_sum(col: str, alias: str) -> dict[str, Any]:
         # v = hi 2^42 + mid 2^21 + lo: three long sums, exact for up to 2^42 rows per cell
-        v = only_kept(F.col(col).cast(T.LongType()))
-        mask = F.lit((2**SUM_PART_BITS - 1)).cast(T.LongType())
+        v = only_kept(F.col(col).cast("bigint"))
+        mask = F.lit((2**SUM_PART_BITS - 1)).cast("bigint")
         parts = {f"{alias}_lo": v.bitwiseAND(mask),
                  f"{alias}_mid": F.shiftright(v, SUM_PART_BITS).bitwiseAND(mask),
                  f"{alias}_hi": F.shiftright(v, 2 * SUM_PART_BITS)}
-        return {a: F.coalesce(F.sum(e), F.lit(0).cast(T.LongType())) for a, e in parts.items()}
+        return {a: F.coalesce(F.sum(e), F.lit(0).cast("bigint")) for a, e in parts.items()}
 
-    rows = {"dp_rows": F.count(only_kept(F.lit(1))).cast(T.LongType())}
+    rows = {"dp_rows": F.count(only_kept(F.lit(1))).cast("bigint")}
     if comp.kind == "rows":
         return rows
     if comp.kind == "units":
@@ -237,7 +237,7 @@ def component_aggregates(comp: Component, unit_col: str, kept=None) -> dict[str,
     if comp.kind == "hist":
         b = F.col(f"dp_bin_{comp.bin_tag}")
         return {comp.bin_column(j): F.coalesce(F.sum(F.when(only_kept(b) == j, F.lit(1)).otherwise(F.lit(0))),
-                                              F.lit(0)).cast(T.LongType())
+                                              F.lit(0)).cast("bigint")
                 for j in range(comp.bins)}
     raise ValueError(f"unknown component kind {comp.kind!r}")
 
@@ -268,15 +268,15 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
                               f"'columns' ({type(exc).__name__})") from None
     for v in value_cols:
         df = apply_value_policy(df, value_col=v)
-    cell = F.lit(0).cast(T.LongType())
+    cell = F.lit(0).cast("bigint")
     feeds = date_feeds(spec)  # rolling windows: a row feeds several (day, window) cells
     for ks in spec.public_key_sets:
-        k = column_ref(ks.column).cast(T.StringType())
+        k = column_ref(ks.column).cast("string")
         if feeds is not None and ks.column == feeds.column:
             # the day's part comes from its feeds (joined below); the rows of undeclared days,
             # and of days no window reaches, have none and are dropped by the join
             df = df.where(k.isNotNull())
-            cell = cell * F.lit(len(ks.values)).cast(T.LongType())
+            cell = cell * F.lit(len(ks.values)).cast("bigint")
             continue
         # the key's index by a broadcast hash join on a small (key, index) DataFrame: O(1) per
         # row whatever the size of the key set; the inner join drops null and undeclared keys;
@@ -286,7 +286,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             df, idx = join_key_index(df, ks.column, ks.days, [at[d] for d in ks.days])
         else:
             df, idx = join_key_index(df, ks.column, ks.values)
-        cell = cell * F.lit(len(ks.values)).cast(T.LongType()) + idx
+        cell = cell * F.lit(len(ks.values)).cast("bigint") + idx
     if feeds is not None:
         # schema of the feeds: day string, t long -- one row per (day, expanded cell offset)
         day_col, t_col = _free_name("dp_feed_day", spec.columns), _free_name("dp_feed_t", spec.columns)
@@ -294,15 +294,15 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
         feed_df = df.sparkSession.createDataFrame(
             feed_rows, T.StructType([T.StructField(day_col, T.StringType(), False),
                                      T.StructField(t_col, T.LongType(), False)]))
-        df = df.join(F.broadcast(feed_df), column_ref(feeds.column).cast(T.StringType()) == F.col(day_col))
-        cell = cell * F.lit(feeds.n_windows).cast(T.LongType()) + F.col(t_col)
+        df = df.join(F.broadcast(feed_df), column_ref(feeds.column).cast("string") == F.col(day_col))
+        cell = cell * F.lit(feeds.n_windows).cast("bigint") + F.col(t_col)
     private = spec.private_key_sets
     if private:
         # keys found privately: the cell is (public tuple index, private key values); rows
         # with a null private key are dropped (a null is not a key that can be published)
         for ks in private:
             df = df.where(column_ref(ks.column).isNotNull())
-        cell = F.struct(cell.alias(PUB), *[column_ref(ks.column).cast(T.StringType()).alias(f"{PRIV}{j}")
+        cell = F.struct(cell.alias(PUB), *[column_ref(ks.column).cast("string").alias(f"{PRIV}{j}")
                                            for j, ks in enumerate(private)])
     cell_name = _free_name(CELL, spec.columns)
     # only what the statistics read: the unit, the key tuple's index and the value columns
@@ -319,7 +319,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             # distinct units ever seen: each unit counted once, on its first day (before the row
             # cuts, so a later day's rows never move it)
             first_seen = (df.groupBy(column_ref(unit)).agg(F.min(column_ref(cell_name)).alias(CELL))
-                          .groupBy(CELL).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units")))
+                          .groupBy(CELL).agg(F.count(F.lit(1)).cast("bigint").alias("dp_units")))
     if spec.neighbouring is Neighbouring.EVENT:
         # one row in or out must move one row of one cell: the bounding below keeps one row
         # per id, but an added row with an existing id could replace it (L1 = 2)
@@ -377,7 +377,7 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
     # it stays on the first level
     first = aggs or {"dp_rows_": F.count(F.lit(1))}
     per_unit = df.groupBy(column_ref(cell_name).alias(CELL), column_ref(unit)).agg(*[a.alias(n) for n, a in first.items()])
-    final = [F.sum(F.col(n)).cast(T.LongType()).alias(n) for n in aggs]
+    final = [F.sum(F.col(n)).cast("bigint").alias(n) for n in aggs]
     if one_pass:
         # every pair of the cells the L0 cut keeps is a group here; a unit counts in its first
         # L0' = min(L0, K) cells by the row bounding's cell priority, as in _units_per_cell
@@ -387,12 +387,12 @@ def build_query_partials(df: DataFrame, plan, salt: str) -> DataFrame:
             per_unit = flag_partitions_per_unit(per_unit, unit_col=unit, partition_col=CELL,
                                                 max_partitions_per_unit=pair_l0, salt=salt, flag_col=kept)
             counted = F.col(kept)
-        final.append(F.count(F.when(counted, F.lit(1))).cast(T.LongType()).alias("dp_units"))
+        final.append(F.count(F.when(counted, F.lit(1))).cast("bigint").alias("dp_units"))
         return per_unit.groupBy(CELL).agg(*final)
     if stream_units:
         units = pairs_cut = False  # counted on each unit's first day (above), joined below
     if units and not pairs_cut:
-        final.append(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
+        final.append(F.count(F.lit(1)).cast("bigint").alias("dp_units"))
     # schema: dp_cell: long (public keys only) or struct<p: long, k0: string, ...>, then one
     # long per partial column
     partials = per_unit.groupBy(CELL).agg(*final) if final else None
@@ -421,7 +421,7 @@ def _units_per_cell(df: DataFrame, unit: str, cell_name: str, l0, salt: str) -> 
         # one row per pair: Linf = 1 and K = L0 cannot bind below the L0 cut
         pairs = bound_contributions(pairs, unit_col=unit, partition_col=cell_name, max_partitions_per_unit=l0,
                                     max_rows_per_partition=1, max_rows_per_unit=l0, salt=salt)
-    return pairs.groupBy(column_ref(cell_name).alias(CELL)).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_units"))
+    return pairs.groupBy(column_ref(cell_name).alias(CELL)).agg(F.count(F.lit(1)).cast("bigint").alias("dp_units"))
 
 
 def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: str) -> DataFrame:
@@ -438,7 +438,7 @@ def _select_private_keys(partials: DataFrame, per_unit: DataFrame, sel, unit: st
     # schema: k0.. string, unit -- one row per (private tuple, unit): each unit adds 1 to at
     # most m tuples. Then per tuple: dp_n long, the number of distinct units.
     pairs = per_unit.select(*[F.col(f"{CELL}.{n}").alias(n) for n in names], column_ref(unit)).distinct()
-    counts = pairs.groupBy(*names).agg(F.count(F.lit(1)).cast(T.LongType()).alias("dp_n"))
+    counts = pairs.groupBy(*names).agg(F.count(F.lit(1)).cast("bigint").alias("dp_n"))
     out_schema = T.StructType([T.StructField(n, T.StringType(), False) for n in names]
                               + [T.StructField(SEL, T.LongType(), False)])
 
@@ -636,7 +636,7 @@ def noisy_release_frame(df: DataFrame, plan, source, batch: int = STREAM_BATCH) 
     # columns stay exact int64 in pandas (a null would turn them into float64)
     joined = (grid.join(parts, on=CELL, how="left")
               .select(CELL, F.coalesce(F.col(present), F.lit(False)).alias(present),
-                      *[F.coalesce(F.col(c), F.lit(0)).cast(T.LongType()).alias(c) for c in names])
+                      *[F.coalesce(F.col(c), F.lit(0)).cast("bigint").alias(c) for c in names])
               # slices of ``batch`` consecutive cells, hashed to partitions (no sampling job, as a
               # range partitioning would run over the whole aggregation), sorted inside each
               .repartition(max(1, -(-n // batch)), F.floor(F.col(CELL) / F.lit(batch)))

@@ -309,8 +309,8 @@ def _cells_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
                                             for f in RELEASE_SCHEMA.fields) for r in rows],
                                      RELEASE_SCHEMA).coalesce(1)
     df = spark.createDataFrame(cells_arrow_table(rows)).withColumn(
-        "created_at", F.lit(created.pop()).cast(T.TimestampType()))
-    return df.select(*[F.col(f.name).cast(f.dataType) for f in RELEASE_SCHEMA.fields]).coalesce(1)
+        "created_at", F.lit(created.pop()).cast("timestamp"))
+    return df.select(*[F.col(f.name).cast(f.dataType.simpleString()) for f in RELEASE_SCHEMA.fields]).coalesce(1)
 
 
 def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) -> None:
