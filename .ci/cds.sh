@@ -8,17 +8,39 @@
 # classpath or Java does not match the archive ignores it silently (-Xshare:auto). Source this
 # file, then:
 #
-#   cds_start      # makes the archive (~30 s) for $PY (ci_python); exports CDS_JVM_OPTS
-#                  # (-XX:SharedArchiveFile=...; empty when no archive could be made)
-#   cds_stop       # removes it (safe to call twice)
+#   cds_start      # makes the archive (60-75 s) for $PY (ci_python), or takes $TEST_CDS_ARCHIVE
+#                  # if that file exists; exports CDS_JVM_OPTS (-XX:SharedArchiveFile=...;
+#                  # empty when no archive could be made)
+#   cds_stop       # removes the archive it made (safe to call twice)
+#   cds_make FILE  # only makes an archive, at FILE
 #
 # Usable by hand: `bash .ci/cds.sh CMD...` runs CMD with SPARK_SUBMIT_OPTS and
-# DP_SPARK_TEST_SESSION_JVM_OPTS extended by the archive. TEST_CDS=0 turns it off.
+# DP_SPARK_TEST_SESSION_JVM_OPTS extended by the archive; `bash .ci/cds.sh --make FILE` makes
+# one (.ci/run, beside `make lint`). TEST_CDS=0 turns it off.
 
 _cds_log() { echo "cds.sh: $*" >&2; }
 
 # shellcheck source=.ci/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# cds_make FILE: run the warm-up job and write its archive to FILE; 0 when FILE was written.
+cds_make() {
+    local py start=$SECONDS file="$1"
+    py="$(ci_python)" || return 1
+    rm -f "$file"
+    if SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }-XX:ArchiveClassesAtExit=$file" \
+        PYSPARK_PYTHON="${PYSPARK_PYTHON:-$py}" SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" \
+        timeout "${CDS_WARMUP_TIMEOUT:-300}" "$py" "$_CI_ROOT/.ci/cds_warmup.py" >"$file.log" 2>&1 \
+        && [ -s "$file" ]; then
+        _cds_log "archive $file ($(( $(stat -c %s "$file") >> 20 )) MiB, $((SECONDS - start)) s)"
+        return 0
+    fi
+    # not a failure: the JVMs load their classes as usual, only slower
+    _cds_log "no archive (the JVMs load their classes as usual); the warm-up's log:"
+    tail -n 20 "$file.log" >&2
+    rm -f "$file"
+    return 1
+}
 
 cds_start() {
     export CDS_JVM_OPTS=""
@@ -26,18 +48,15 @@ cds_start() {
         _cds_log "off (TEST_CDS=0)"
         return 0
     fi
-    local py start=$SECONDS
-    py="$(ci_python)" || return 0
+    # an archive made beforehand (.ci/run makes it beside `make lint`): used, not removed
+    if [ -n "${TEST_CDS_ARCHIVE:-}" ] && [ -s "$TEST_CDS_ARCHIVE" ]; then
+        export CDS_JVM_OPTS="-XX:SharedArchiveFile=$TEST_CDS_ARCHIVE"
+        _cds_log "archive $TEST_CDS_ARCHIVE (made beforehand)"
+        return 0
+    fi
     _CDS_DIR="$(mktemp -d "${TMPDIR:-/tmp}/dp_spark_cds.XXXXXX")" || return 0
-    if SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }-XX:ArchiveClassesAtExit=$_CDS_DIR/spark.jsa" \
-        timeout "${CDS_WARMUP_TIMEOUT:-300}" "$py" "$_CI_ROOT/.ci/cds_warmup.py" >"$_CDS_DIR/warmup.log" 2>&1 \
-        && [ -s "$_CDS_DIR/spark.jsa" ]; then
+    if cds_make "$_CDS_DIR/spark.jsa"; then
         CDS_JVM_OPTS="-XX:SharedArchiveFile=$_CDS_DIR/spark.jsa"
-        _cds_log "archive $_CDS_DIR/spark.jsa ($(( $(stat -c %s "$_CDS_DIR/spark.jsa") >> 20 )) MiB, $((SECONDS - start)) s)"
-    else
-        # not a failure: the JVMs load their classes as usual, only slower
-        _cds_log "no archive (the JVMs load their classes as usual); the warm-up's log:"
-        tail -n 20 "$_CDS_DIR/warmup.log" >&2
     fi
     export CDS_JVM_OPTS
 }
@@ -60,6 +79,10 @@ _cds_run() {
     "$@"
 }
 
+if [ "${BASH_SOURCE[0]}" = "$0" ] && [ "${1:-}" = "--make" ] && [ $# -eq 2 ]; then
+    cds_make "$2"
+    exit $?
+fi
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then
     trap cds_stop EXIT
     ci_with cds_start cds_stop _cds_run "$@"
