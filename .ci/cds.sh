@@ -14,9 +14,8 @@
 #   cds_stop       # removes the archive it made (safe to call twice)
 #   cds_make FILE  # only makes an archive, at FILE
 #
-# Usable by hand: `bash .ci/cds.sh CMD...` runs CMD with SPARK_SUBMIT_OPTS and
-# DP_SPARK_TEST_SESSION_JVM_OPTS extended by the archive; `bash .ci/cds.sh --make FILE` makes
-# one (.ci/run, beside `make lint`). TEST_CDS=0 turns it off.
+# `bash .ci/cds.sh --make FILE` makes one (.ci/run, beside `make lint`). TEST_CDS=0 turns it
+# off.
 
 _cds_log() { echo "cds.sh: $*" >&2; }
 
@@ -28,7 +27,8 @@ cds_make() {
     local py start=$SECONDS file="$1"
     py="$(ci_python)" || return 1
     rm -f "$file"
-    if SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }-XX:ArchiveClassesAtExit=$file" \
+    # the warm-up is a short-lived JVM: the children's options
+    if SPARK_SUBMIT_OPTS="$TEST_JVM_OPTS${TEST_CHILD_JVM_OPTS:+ $TEST_CHILD_JVM_OPTS} -XX:ArchiveClassesAtExit=$file" \
         PYSPARK_PYTHON="${PYSPARK_PYTHON:-$py}" SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" \
         timeout "${CDS_WARMUP_TIMEOUT:-300}" "$py" "$_CI_ROOT/.ci/cds_warmup.py" >"$file.log" 2>&1 \
         && [ -s "$file" ]; then
@@ -69,22 +69,7 @@ cds_stop() {
     return 0
 }
 
-_cds_run() {
-    if [ -n "${CDS_JVM_OPTS:-}" ]; then
-        export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }$CDS_JVM_OPTS"
-        if [ -n "${DP_SPARK_TEST_SESSION_JVM_OPTS+x}" ]; then
-            export DP_SPARK_TEST_SESSION_JVM_OPTS="${DP_SPARK_TEST_SESSION_JVM_OPTS:+$DP_SPARK_TEST_SESSION_JVM_OPTS }$CDS_JVM_OPTS"
-        fi
-    fi
-    "$@"
-}
-
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ "${1:-}" = "--make" ] && [ $# -eq 2 ]; then
     cds_make "$2"
-    exit $?
-fi
-if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then
-    trap cds_stop EXIT
-    ci_with cds_start cds_stop _cds_run "$@"
     exit $?
 fi

@@ -1,7 +1,13 @@
 # shellcheck shell=bash
-# Helpers shared by .ci/postgres.sh, .ci/cluster.sh and .ci/connect.sh (sourced by each).
+# Helpers shared by .ci/postgres.sh, .ci/cluster.sh, .ci/connect.sh and .ci/cds.sh (sourced by
+# each).
 
 _CI_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# The JVM options of the test runs (.ci/test.sh says why and what each saved; the Makefile
+# gives make test-compat the same defaults): every JVM, and the short-lived ones the tests start.
+: "${TEST_JVM_OPTS:=-XX:+UseSerialGC}"
+: "${TEST_CHILD_JVM_OPTS=-XX:TieredStopAtLevel=1}"
 
 # The project's venv python ($PY, default .venv/bin/python), else python3 on PATH.
 ci_python() {

@@ -7,19 +7,20 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export PYSPARK_PYTHON="$(pwd)/$PY" PYSPARK_DRIVER_PYTHON="$(pwd)/$PY" SPARK_LOCAL_IP=127.0.0.1
 export DP_SPARK_TEST_MODE=1
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh
 # Every JVM of the run (the workers' sessions, the spark-submit jobs, the Connect server, the
 # standalone master and worker) on the serial garbage collector: on 2 cores G1's concurrent
 # marking and GC threads were a sixth of a test session's CPU. Measured on tests/spark's
 # equivalence, transforms, grey-box and writer files, serially on a quiet machine: 252 -> 208
-# CPU seconds, 164 -> 144 s. Settings only the test run makes (`make test-compat` too, Makefile).
-TEST_JVM_OPTS=${TEST_JVM_OPTS:--XX:+UseSerialGC}
+# CPU seconds, 164 -> 144 s. Settings only the test run makes (`make test-compat` too, Makefile);
+# TEST_JVM_OPTS and TEST_CHILD_JVM_OPTS, defaults in .ci/lib.sh.
 # The short-lived JVMs the tests start (a `dp-spark` job, a notebook's kernel, the tutorial's
 # commands, kill -9 drivers) compile with C1 only: C2 spent a third of such a JVM's CPU on code
 # it ran a few times. A small Delta write-and-read job, 4 runs each, alternating: 38-46 -> 22-31
 # CPU seconds, and no slower. The long-lived ones (the workers' sessions, the Connect server)
 # keep C2: there C1-only saved 7% of the CPU but lost 20% of the wall time (tests/conftest.py
 # gives a worker's session DP_SPARK_TEST_SESSION_JVM_OPTS instead).
-TEST_CHILD_JVM_OPTS=${TEST_CHILD_JVM_OPTS--XX:TieredStopAtLevel=1}
 export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }$TEST_JVM_OPTS"
 export DP_SPARK_TEST_SESSION_JVM_OPTS="$SPARK_SUBMIT_OPTS"
 export SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS:+$SPARK_DAEMON_JAVA_OPTS }$TEST_JVM_OPTS"
@@ -33,9 +34,8 @@ source .ci/connect.sh
 source .ci/cds.sh
 cleanup() { connect_stop; cluster_stop; pg_stop; cds_stop; }
 trap cleanup EXIT
-# one class-data-sharing archive for every JVM of the run, the services' too (.ci/cds.sh); its
-# warm-up is a short-lived JVM: the children's options
-SPARK_SUBMIT_OPTS="$SPARK_SUBMIT_OPTS${TEST_CHILD_JVM_OPTS:+ $TEST_CHILD_JVM_OPTS}" cds_start
+# one class-data-sharing archive for every JVM of the run, the services' too (.ci/cds.sh)
+cds_start
 if [ -n "$CDS_JVM_OPTS" ]; then
     export SPARK_SUBMIT_OPTS="$SPARK_SUBMIT_OPTS $CDS_JVM_OPTS"
     export DP_SPARK_TEST_SESSION_JVM_OPTS="$DP_SPARK_TEST_SESSION_JVM_OPTS $CDS_JVM_OPTS"
