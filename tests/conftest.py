@@ -12,10 +12,11 @@ Markers are given from what a test needs, not by hand (``pytest_collection_modif
   :data:`LONG_TESTS`.
 
 ``make test`` and ``make test-compat`` run on three pytest-xdist workers, ``make test-fast`` on
-two, with ``--dist loadgroup``: the ``spark`` tests are in five groups, the end-to-end jobs of
+two, with ``--dist loadgroup``: the ``spark`` tests are in six groups, the end-to-end jobs of
 tests/jobs (:data:`SPARK_JOBS_GROUP`) and of tests/deploy (:data:`SPARK_DEPLOY_GROUP`), every
 test of the shared Spark Connect server (:data:`SPARK_CONNECT_GROUP`), the two longest Spark
-files (:data:`SPARK_LONG_GROUP`) and the rest (:data:`SPARK_GROUP`); each group runs on one
+files (:data:`SPARK_LONG_GROUP`) and the rest in two halves (:data:`SPARK_GROUP`,
+:data:`SPARK_B_GROUP`); each group runs on one
 worker, in order, on that worker's one session (a session takes ~10 s to start; a worker that
 runs two groups runs them one after the other on its one session), so the groups run side by
 side, never more than one session per worker; the other tests (pure, PostgreSQL, a JVM of
@@ -60,8 +61,22 @@ PG_FIXTURES = frozenset({"pg_dsn", "pg_admin"})
 #: its one session). The end-to-end jobs (mostly driver processes of their own, kill -9, a
 #: cluster) are two groups, tests/jobs and tests/deploy; every test of the shared Spark Connect
 #: server is in a third, so its users take turns (a held write and its takeover need both of
-#: its task slots); every other Spark test is in the ``spark`` group
+#: its task slots); every other Spark test is in the ``spark`` group, or in ``spark-b`` for the
+#: files of :data:`SPARK_B_FILES`
 SPARK_GROUP = "spark"
+SPARK_B_GROUP = "spark-b"
+#: the in-process Spark files of the second half: one ``spark`` group was make test-compat's
+#: whole critical path (530 of its 539 s on one worker, the two others idle), and the largest
+#: group of make test. Chosen by their seconds in a clean-clone run (ciE, 2026-12-06; make test
+#: / test-compat): mirror_incremental 150 / 86, cli_spark 38 / 108, event_units 36 / 37,
+#: release_writer 33 / 18, versions 32 / -, series_current 30 / 21, release_write_once 23 / 13,
+#: damaged_tables 20 / 11, mirror_rebuild 7 / 4: about 370 of make test's 850 s and 300 of
+#: test-compat's 530
+SPARK_B_FILES = frozenset({
+    "spark/test_mirror_incremental.py", "unit/test_cli_spark.py", "spark/test_event_units.py",
+    "spark/test_release_writer.py", "governance/test_versions.py", "spark/test_series_current.py",
+    "spark/test_release_write_once.py", "spark/test_damaged_tables.py", "spark/test_mirror_rebuild.py",
+})
 SPARK_JOBS_GROUP = "spark-jobs"
 SPARK_DEPLOY_GROUP = "spark-deploy"
 SPARK_CONNECT_GROUP = "spark-connect"
@@ -75,10 +90,10 @@ SPARK_LONG_FILES = frozenset({"spark/test_where_total.py", "deploy/test_stream.p
 #: the order in which the groups are handed to the workers: longest first (their rough seconds
 #: in `make test` on 2 cores and 3 workers), so that no long group starts last and runs alone
 #: at the end; the other per-file groups follow, the most tests first (xdist's own order)
-GROUP_SECONDS = {SPARK_LONG_GROUP: 560, SPARK_JOBS_GROUP: 550, SPARK_DEPLOY_GROUP: 450, SPARK_GROUP: 450,
-                 SPARK_CONNECT_GROUP: 300, "statistical/test_coverage_table.py": 250,
-                 "evaluation/test_notebooks.py": 220, "statistical/test_dp_inequality.py": 200,
-                 "docs/test_tutorial.py": 150}
+GROUP_SECONDS = {SPARK_JOBS_GROUP: 1190, SPARK_LONG_GROUP: 790, SPARK_GROUP: 600, SPARK_DEPLOY_GROUP: 600,
+                 SPARK_B_GROUP: 500, SPARK_CONNECT_GROUP: 410, "evaluation/test_notebooks.py": 260,
+                 "statistical/test_dp_inequality.py": 240, "statistical/test_coverage_table.py": 165,
+                 "docs/test_tutorial.py": 135}
 CONNECT_FIXTURES = frozenset({"connect_url"})
 
 
@@ -114,7 +129,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SPARK_JOBS_DIRS[rel[:rel.index("/") + 1]]))
         elif "spark" in fixtures or rel.startswith("spark/"):
             item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+            item.add_marker(pytest.mark.xdist_group(SPARK_B_GROUP if rel in SPARK_B_FILES else SPARK_GROUP))
         else:
             # a file's tests on one worker: a module-scoped fixture (a driver process, a built
             # wheel) runs once, not once per worker
