@@ -58,6 +58,11 @@ _COMMON_DEFAULTS: dict[str, str] = {
     "spark.sql.extensions": _DELTA_EXTENSION,
     "spark.sql.catalog.spark_catalog": _DELTA_CATALOG,
     "spark.sql.session.timeZone": "UTC",
+    # pyspark's DataFrame debugging (on by default) records the Python call site of every
+    # Column function in the JVM: about ten py4j round trips around each F.col, F.lit or cast
+    # (a daily refresh made ~1,000 of them building one release). The engine never shows a
+    # Spark error's text after a charge anyway (errors carry the class, not the query context)
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 # Only for local[*] masters: a laptop / CI runner with a couple of cores.

@@ -132,6 +132,28 @@ def test_session_has_delta_and_utc(spark):
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
 
 
+def test_column_expressions_do_not_record_their_call_site(spark):
+    """pyspark's DataFrame debugging is off in the sessions the engine makes: a column
+    expression is one or two py4j round trips, not a dozen (the call site recorded in the JVM
+    before and after each F.col, F.lit or cast)."""
+    import py4j.clientserver as cs
+    from pyspark.sql import functions as F
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    sent = []
+    real = cs.ClientServerConnection.send_command
+
+    def counting(self, command):
+        sent.append(command)
+        return real(self, command)
+
+    F.col("x").cast("bigint")  # warm: the JVM classes resolved once
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cs.ClientServerConnection, "send_command", counting)
+        F.col("x").cast("bigint") + F.lit(1)
+    assert not [c for c in sent if "PySparkCurrentOrigin" in c] and len(sent) <= 12, sent
+
+
 def test_active_session_is_returned_untouched(spark):
     before = spark.conf.get("spark.sql.shuffle.partitions")
     again = get_or_create_session("another-name", master="local[1]", extra_conf={"spark.sql.shuffle.partitions": "9"})

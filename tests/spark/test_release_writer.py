@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import datetime
 
 import pytest
@@ -114,22 +116,45 @@ def test_prepare_release_write_takes_the_key_lookup_off_the_write(spark, tmp_pat
     assert counts[True] < counts[False], counts
 
 
+def _set_local_zone(tz):
+    if tz is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = tz
+    time.tzset()
+
+
 def test_arrow_cells_frame_equals_the_row_by_row_frame(spark, tmp_path):
-    """The write's Arrow frame holds exactly what createDataFrame(rows, RELEASE_SCHEMA) holds:
-    every column, a NaN, nulls, a map, the timestamp (read back from Delta too)."""
+    """The write's Arrow frame holds exactly what createDataFrame(rows, RELEASE_SCHEMA) holds,
+    with RELEASE_SCHEMA itself (types and nullability): every column, a NaN, nulls, a map, the
+    timestamps (one per row too, and with a session time zone other than the process's: a
+    naive created_at is the process's local time on both paths), read back from Delta too."""
     from chispa import assert_df_equality
 
     rows = _rows("r_arrow", 7.0, n=4)
     rows[1].update(keys={"region": "k1", "day": "2026-11-01"}, value=float("nan"), suppressed=True,
                    charge_epsilon=0.5, statement_delta=1e-7)
     rows[2].update(keys={})
-    want = spark.createDataFrame([tuple(r[f.name] for f in W.RELEASE_SCHEMA.fields) for r in rows],
-                                 W.RELEASE_SCHEMA)
-    got = W._cells_frame(spark, rows)
-    assert got.columns == want.columns and got.rdd.getNumPartitions() == 1
-    assert_df_equality(got.drop("keys"), want.drop("keys"), ignore_nullable=True, ignore_row_order=True,
-                       allow_nan_equality=True)
-    assert sorted((r["key"], r["keys"]) for r in got.collect()) == sorted((r["key"], r["keys"]) for r in rows)
+    mixed = [dict(r, created_at=datetime(2026, 12, 3, 12, i, 0, 7 * i)) for i, r in enumerate(_rows("r_mixed", 1.0))]
+    old_tz = spark.conf.get("spark.sql.session.timeZone")
+    old_local = os.environ.get("TZ")
+    try:
+        # the session's zone, and the process's own (a naive time read as UTC would fail here)
+        for tz, local in ((old_tz, old_local), ("America/Los_Angeles", old_local), (old_tz, "Asia/Kolkata")):
+            spark.conf.set("spark.sql.session.timeZone", tz)
+            _set_local_zone(local)
+            for rs in (rows, mixed):
+                want = spark.createDataFrame([tuple(r[f.name] for f in W.RELEASE_SCHEMA.fields) for r in rs],
+                                             W.RELEASE_SCHEMA)
+                got = W._cells_frame(spark, rs)
+                assert got.schema == W.RELEASE_SCHEMA and got.rdd.getNumPartitions() == 1
+                assert_df_equality(got.drop("keys"), want.drop("keys"), ignore_row_order=True,
+                                   allow_nan_equality=True)
+                assert (sorted((r["key"], r["keys"], r["created_at"]) for r in got.collect())
+                        == sorted((r["key"], r["keys"], r["created_at"]) for r in rs))
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", old_tz)
+        _set_local_zone(old_local)
     path = str(tmp_path / "rel")
     W.ensure_release_table(spark, path)
     W.write_release(spark, path, rows)
