@@ -66,6 +66,7 @@ connect_start() {
             --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
             --conf spark.sql.session.timeZone=UTC \
             --conf spark.sql.shuffle.partitions=4 \
+            --conf spark.sql.codegen.cache.maxEntries=1000 \
             --conf spark.databricks.delta.snapshotPartitions=2 \
             --conf spark.sql.warehouse.dir="$_SC_DIR/warehouse" \
             --conf spark.driver.host=127.0.0.1 \
