@@ -23,7 +23,8 @@ from dp_spark.config import release_spec_from_dict
 from dp_spark.mechanisms.samplers import NoiseSource
 from dp_spark.statistics.plan import plan_query
 
-pytestmark = pytest.mark.spark
+# the production evaluator (generated code): the Spark backend as jobs run it (tests/conftest.py)
+pytestmark = [pytest.mark.spark, pytest.mark.codegen]
 
 SALT = "equivalence-salt"
 REGIONS = [f"r_{i}" for i in range(5)]

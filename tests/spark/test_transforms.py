@@ -664,6 +664,7 @@ def _all_explain_modes(df) -> str:
                                                                        "formatted"))
 
 
+@pytest.mark.codegen  # EXPLAIN CODEGEN shows the generated code: the production evaluator
 @pytest.mark.parametrize("partition_col,l0,linf,k", [
     (None, None, None, 3),       # one window per unit
     ("day", 1, 2, 2),            # one partition per unit: one window

@@ -25,6 +25,10 @@ from dp_spark.backends.spark import total_where
 from dp_spark.spark import quiet_pyspark_error_logs
 from dp_spark.spec.where import ALLOWED_FUNCTIONS
 
+# generated code, as production evaluates a `where` (tests/conftest.py): an error that only
+# the generated code raises must be found here
+pytestmark = pytest.mark.codegen
+
 #: ``DP_SPARK_WHERE_FUZZ=sample`` (the compat run, `make test-compat`) keeps every function and
 #: every one-argument call, and a seeded quarter of each function's two- and three-argument
 #: combinations; the default, ``full``, drives the whole product (`make test`).
