@@ -168,7 +168,10 @@ def _true_value(stat, n: int, mean: Optional[Fraction]) -> float:
 
 
 def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, Fraction],
-              alpha: Fraction) -> list[dict[str, Any]]:
+              alpha: Fraction, only: Optional[str] = None) -> list[dict[str, Any]]:
+    """The rows of ``spec``'s statistics at ``budget`` for a group of ``n`` (``only``: the
+    row of that statistic alone; a quantile's exact interval costs about a second per budget,
+    which a search for another statistic's budget need not pay)."""
     from dp_spark.statistics.base import kind_of
 
     measure = budget.MEASURE
@@ -180,6 +183,8 @@ def _rows_for(spec: ReleaseSpec, plan, budget: Budget, n: int, means: dict[str, 
     if spec.stream is not None:
         return _stream_rows(spec, plan, n, means, common)
     for stat, comps in zip(spec.statistics, plan.stat_components):
+        if only is not None and stat.name != only:
+            continue
         mean = means.get(stat.name)
         noisy = {c: _expected_component(c, n, mean) for c in comps}
         out = kind_of(stat.kind).finish(stat, noisy, {c: plan.plan_of(c) for c in comps}, alpha)
@@ -281,7 +286,7 @@ def headline_statistic(spec: ReleaseSpec) -> str:
 
 def _rel_halfwidth_at(spec: ReleaseSpec, budget: Union[PureDP, ZCDP], n: int, means: dict[str, Fraction],
                       alpha: Fraction, stat: str) -> float:
-    rows = _rows_for(spec, plan_at(spec, budget), budget, n, means, alpha)
+    rows = _rows_for(spec, plan_at(spec, budget), budget, n, means, alpha, only=stat)
     return next(r["rel_halfwidth"] for r in rows if r["statistic"] == stat)
 
 
