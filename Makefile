@@ -28,8 +28,8 @@ COMPAT_MARKERS := spark or jvm or not slow
 # pytest-xdist workers for make test / test-fast / test-compat (--dist loadgroup: the in-process
 # Spark tests stay on one worker and one session, tests/conftest.py); PYTEST_WORKERS=0 runs serially
 # make test / test-compat run on three workers (SUITE_WORKERS=0: serially): the Spark tests in
-# six groups (tests/jobs, tests/deploy, the Spark Connect tests, the two longest files, the
-# rest in two halves), one session per worker, handed out longest first (tests/conftest.py). Three workers on
+# seven groups (tests/jobs in two halves, tests/deploy, the Spark Connect tests, the two longest
+# files, the rest in two halves), one session per worker, handed out longest first (tests/conftest.py). Three workers on
 # 2 cores: the jobs wait on processes of their own (spark-submit, kill -9, a notebook), so a third
 # worker fills the idle CPU (make test 1,568 s -> 1,471 s, make test-compat 307 s -> 273 s, the
 # same clean clone). The stalls of earlier two-worker runs were pytest 9.2 with pytest-xdist 3.8,
