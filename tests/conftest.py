@@ -79,9 +79,9 @@ SPARK_B_FILES = frozenset({
     "spark/test_release_write_once.py", "spark/test_damaged_tables.py", "spark/test_mirror_rebuild.py",
 })
 SPARK_JOBS_GROUP = "spark-jobs"
-#: tests/jobs in two halves (their seconds in ciG: 676 and 631): the jobs wait on processes of
-#: their own, and as one group of about 1,200 s they were the run's longest pole once the
-#: in-process groups evaluate interpreted (SESSION_EVALUATION)
+#: tests/jobs in two halves (their seconds in ciG: 676 and 631): as one group of about 1,200 s
+#: on one worker they were the longest group by far, and a run cannot end before its longest
+#: group does
 SPARK_JOBS_B_GROUP = "spark-jobs-b"
 SPARK_JOBS_B_FILES = frozenset({
     "jobs/test_kill_stages.py", "jobs/test_concurrent_family.py", "jobs/test_key_table_e2e.py",
@@ -214,7 +214,7 @@ def spark():
         session = get_or_create_session("dp_spark-tests", master="local[2]",
                                         extra_conf={"spark.driver.memory": "2g",
                                                     "spark.sql.codegen.cache.maxEntries": "1000",
-                                                    **SESSION_EVALUATION[_session_evaluation()]})
+                                                    **SESSION_EVALUATION[session_evaluation()]})
     yield session
     session.stop()
 
@@ -233,7 +233,7 @@ SESSION_EVALUATION = {
 }
 
 
-def _session_evaluation() -> str:
+def session_evaluation() -> str:
     mode = os.environ.get("DP_SPARK_TEST_CODEGEN", "interpreted")
     if mode not in SESSION_EVALUATION:
         raise pytest.UsageError(f"DP_SPARK_TEST_CODEGEN={mode!r}: use one of {sorted(SESSION_EVALUATION)}")

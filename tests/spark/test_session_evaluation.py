@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import SESSION_EVALUATION, _session_evaluation
+from tests.conftest import SESSION_EVALUATION, session_evaluation
 
 
 def _codegen_subtrees(spark) -> str:
@@ -25,7 +25,7 @@ def test_a_codegen_test_runs_generated_code(spark):
 
 
 def test_the_session_evaluates_as_configured_after_it(spark):
-    mode = _session_evaluation()
+    mode = session_evaluation()
     assert {k: spark.conf.get(k) for k in SESSION_EVALUATION[mode]} == SESSION_EVALUATION[mode]
     want = "Found 0 WholeStageCodegen subtrees." if mode == "interpreted" else "Found 1 WholeStageCodegen subtrees."
     assert _codegen_subtrees(spark) == want
