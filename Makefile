@@ -36,9 +36,12 @@ COMPAT_MARKERS := spark or jvm or not slow
 # under which no group held (setup.cfg pins pytest < 9.2 and tests/conftest.py refuses a run
 # whose groups did not take)
 PYTEST_WORKERS ?= 2
-# the JVMs of the test runs on the serial collector, the short-lived ones the tests start with
-# C1 only (.ci/test.sh says why and what each saved)
+# the JVMs of the test runs on the serial collector, the long-lived ones (sessions) compiling
+# with C2 only what is ten times hotter than by default, the short-lived ones the tests start
+# with C1 only (.ci/test.sh says why and what each saved)
 export TEST_JVM_OPTS ?= -XX:+UseSerialGC
+export TEST_SESSION_JVM_OPTS ?= -XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 \
+	-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000
 export TEST_CHILD_JVM_OPTS ?= -XX:TieredStopAtLevel=1
 SUITE_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
@@ -85,7 +88,7 @@ test-compat: setup-compat
 	    assert v[0].startswith('3.12.') and v[1].startswith('4.0.') and v[2].startswith('4.0.'), v"
 	PYSPARK_PYTHON=$(abspath $(COMPAT_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(COMPAT_PY)) \
 	DP_SPARK_JARS_DIR=$(abspath $(COMPAT_JARS)) DP_SPARK_TEST_MODE=1 DP_SPARK_WHERE_FUZZ=sample \
-	DP_SPARK_TEST_SESSION_JVM_OPTS="$(strip $(SPARK_SUBMIT_OPTS) $(TEST_JVM_OPTS))" \
+	DP_SPARK_TEST_SESSION_JVM_OPTS="$(strip $(SPARK_SUBMIT_OPTS) $(TEST_JVM_OPTS) $(TEST_SESSION_JVM_OPTS))" \
 	SPARK_SUBMIT_OPTS="$(strip $(SPARK_SUBMIT_OPTS) $(TEST_JVM_OPTS) $(TEST_CHILD_JVM_OPTS))" \
 	    $(COMPAT_PY) -m pytest -q -rs -p no:cacheprovider --durations=15 $(SUITE_XDIST) -m "$(COMPAT_MARKERS)" $(COMPAT_TESTS)
 

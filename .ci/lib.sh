@@ -5,8 +5,10 @@
 _CI_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # The JVM options of the test runs (.ci/test.sh says why and what each saved; the Makefile
-# gives make test-compat the same defaults): every JVM, and the short-lived ones the tests start.
+# gives make test-compat the same defaults): every JVM, the long-lived ones (the workers'
+# sessions, the Connect server), and the short-lived ones the tests start.
 : "${TEST_JVM_OPTS:=-XX:+UseSerialGC}"
+: "${TEST_SESSION_JVM_OPTS=-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000}"
 : "${TEST_CHILD_JVM_OPTS=-XX:TieredStopAtLevel=1}"
 
 # The project's venv python ($PY, default .venv/bin/python), else python3 on PATH.
