@@ -153,15 +153,33 @@ def test_opendp_gaussian_huge_sigma_uses_exact_python_path():
     assert sum(abs(x) > 2**63 for x in out) > 150  # P(|X| > sigma/2) ~ 0.62
 
 
+def _exact_mean_sd(weight, support: int) -> tuple[float, float]:
+    """Mean and standard deviation of the law on 0 .. support - 1 with unnormalised weights."""
+    w = [weight(k) for k in range(support)]
+    z = sum(w)
+    mean = sum(k * x for k, x in enumerate(w)) / z
+    return mean, math.sqrt(sum(k * k * x for k, x in enumerate(w)) / z - mean * mean)
+
+
 def test_tail_redraw_helpers_are_exact_shape():
-    # Conditional tails: excess >= 0, integer; Laplace excess has mean ~ scale for large scale.
-    rb = samplers._os_randbelow
-    xs = [samplers._laplace_tail_excess(Fraction(1000), rb) for _ in range(2000)]
+    """Conditional tails: the excess is an integer >= 0 whose sample mean lies within 5 standard
+    errors of its law's exact mean (seeded: the same draws every run). The Gaussian excess of
+    X | X >= m has P(g) ~ exp(-((m + g)^2 - m^2) / 2 sigma^2): for m = 100 and sigma = 10 a mean
+    of 0.567, not the continuous approximation sigma^2 / m = 1 (a band around 1 is also checked to
+    exclude the sample: the check tells the two laws apart). Unseeded, an earlier band of
+    (0.5, 1.5) around that approximation failed once in a CI run, 3.6 standard errors off."""
+    rb = samplers._ShakeStream(2026).randbelow
+    n = 4000
+    xs = [samplers._laplace_tail_excess(Fraction(1000), rb) for _ in range(n)]
     assert all(isinstance(x, int) and x >= 0 for x in xs)
-    assert 800 < sum(xs) / len(xs) < 1200  # Geometric mean 1/(e^{1/1000}-1) ~ 999.5
-    gs = [samplers._gaussian_tail_excess(100, Fraction(100), rb) for _ in range(2000)]
-    # X | X >= 100 for sigma = 10: excess ~ sigma^2/m ~ 1 on average (roughly exponential)
-    assert all(g >= 0 for g in gs) and 0.5 < sum(gs) / len(gs) < 1.5
+    mean, sd = _exact_mean_sd(lambda k: math.exp(-k / 1000), 100_000)  # geometric: 999.5
+    assert abs(sum(xs) / n - mean) < 5 * sd / math.sqrt(n)
+    gs = [samplers._gaussian_tail_excess(100, Fraction(100), rb) for _ in range(n)]
+    assert all(isinstance(g, int) and g >= 0 for g in gs)
+    mean, sd = _exact_mean_sd(lambda k: math.exp(-((100 + k) ** 2 - 100 ** 2) / 200), 200)
+    got = sum(gs) / n
+    assert abs(got - mean) < 5 * sd / math.sqrt(n), (got, mean)
+    assert abs(got - 1.0) > 5 * sd / math.sqrt(n)  # the continuous approximation's law is told apart
 
 
 # --- Seeded (test only) -------------------------------------------------------------------
