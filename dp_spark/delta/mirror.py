@@ -14,14 +14,22 @@ the ledger only for the rows after those watermarks (``entries_since`` / ``audit
 which verify the new rows, their link to the stored row at the watermark and the MAC'd chain
 head: O(new rows)) and appends them in one commit.
 
-An append is the DataFrame writer's with Delta's idempotent-write options (``txnAppId =
-dp_spark.ledger_mirror``, ``txnVersion = v + 1``): Delta skips a write whose txnVersion is not
-above the last recorded one, and refuses one whose key a concurrent commit recorded first, so
-of two refreshes planned from the same version only one appends, and a refresh planned before
-another one committed appends nothing. The write counts as committed only when the table's
-latest commit is then exactly version ``v + 1`` and records this write's state; anything else (a
-skipped write, a commit by something else in between) counts as a race: the refresh re-plans,
-and its plan reads and checks the table (a duplicate is rewritten away).
+An append is the DataFrame writer's plain append, one commit that records its plan
+(``userMetadata``: the version ``v`` it was planned from, the state it leaves, a mark of its
+own). It counts as committed only when the table's latest commit is then exactly version ``v +
+1`` and carries this write's mark; anything else counts as a race: the refresh re-plans, and its
+plan reads and checks the table. Of two refreshes planned from the same version, both may
+append (a blind append never conflicts in Delta), but only one can be version ``v + 1``: the
+other sees the race, reads the table, finds the rows twice (a duplicate moves the count, the sum
+or the sum of squares of seq) and rewrites it from the ledger; a refresh killed before that
+check leaves a commit that does not record a state planned from the version before it, so the
+next refresh reads the table too. The table can show such a duplicate between the two commits,
+never after a refresh has finished. The append does NOT carry Delta's idempotent-write options
+(``txnAppId``/``txnVersion``, which would make Delta skip the second append): Delta 4.4 answers
+them from a full reconstruction of the table's state (a few Spark jobs per table), which doubled
+the refresh (``docs/performance.md``). A rewrite (an overwrite, rare) keeps them (``txnAppId =
+dp_spark.ledger_mirror``, ``txnVersion = v + 1``): of two rewrites planned from the same version
+only one lands, and Delta's conflict check refuses an overwrite when an append landed meanwhile.
 
 A table is rewritten whole (after a full ``verify()``) only when it must be: it is absent or of
 another schema, it shows a gap or a duplicate, a budget's watermark is past the ledger's head
@@ -113,7 +121,7 @@ def _audit_row(a, now: datetime) -> tuple:
             a.charge_json, a.detail, a.row_hash, now)
 
 
-# the writer option that makes an append conditional (see the module docstring, "Refresh")
+# the writer option that makes a rewrite conditional (see the module docstring, "Refresh")
 TXN_APP_ID = "dp_spark.ledger_mirror"
 _ATTEMPTS = 4
 
@@ -151,26 +159,26 @@ def _recorded_state(head: Optional[dict[str, Any]]) -> Optional[Any]:
 
 
 def _write(spark, rows, schema, path: str, *, append: bool, read_version: Optional[int], state: Any) -> bool:
-    """Write ``rows`` (append or overwrite) as ONE commit conditional on the table still being
-    at ``read_version`` for every writer of this module: the commit carries Delta's idempotent
-    transaction (``txnAppId``, ``txnVersion = read_version + 1``), and Delta skips a write whose
-    txnVersion is not above the last one recorded, i.e. a write planned from a version another
-    mirror write has already moved past, and refuses one whose key a concurrent write recorded
-    first. The commit records ``state``, what the table holds after it (see
-    :func:`_recorded_state`). Returns whether it was committed: the table's latest commit is
-    then exactly ``read_version + 1`` and records this state."""
+    """Write ``rows`` (append or overwrite) as ONE commit planned from ``read_version`` that
+    records ``state``, what the table holds after it (see :func:`_recorded_state`). Returns
+    whether it was committed as planned: the table's latest commit is then exactly
+    ``read_version + 1`` and carries this write's mark. An append is a plain one (another
+    refresh's append may land too: the caller re-plans, and its plan reads the table and
+    rewrites a duplicate away; module docstring, "Refresh"); an overwrite carries Delta's
+    idempotent transaction (``txnAppId``, ``txnVersion = read_version + 1``), so Delta skips it
+    when another rewrite planned from the same version or a later one recorded its key first."""
     before = -1 if read_version is None else read_version
     # ``write``: this write's own mark, so that the commit found afterwards is known to be this
     # one (a twin refresh planned from the same version records the same state)
     meta = json.dumps({_META_KEY: 1, "from": before, "state": state, "write": uuid.uuid4().hex}, sort_keys=True)
     df = spark.createDataFrame(rows, schema).coalesce(1)
-    w = (df.write.format("delta").option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
-         .option("userMetadata", meta))
+    w = df.write.format("delta").option("userMetadata", meta)
     try:
         if append:
             w.mode("append").save(path)
         else:
-            w.mode("overwrite").option("overwriteSchema", "true").save(path)
+            (w.option("txnAppId", TXN_APP_ID).option("txnVersion", before + 1)
+             .mode("overwrite").option("overwriteSchema", "true").save(path))
     except Exception as exc:
         from dp_spark.delta.release_table import is_concurrent_change
 

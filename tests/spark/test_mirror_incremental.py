@@ -95,9 +95,11 @@ def test_refresh_equals_a_full_rebuild_and_appends_only_new_rows(spark, tmp_path
     ledger.verify()
 
 
-def test_a_write_planned_from_an_old_version_is_skipped(spark, tmp_path, ledger):
-    """The DataFrame writer's idempotent options (``txnAppId``/``txnVersion``) skip a write
-    planned from an old version, and such a write is not reported as committed."""
+def test_a_write_planned_from_an_old_version_is_not_committed_and_its_duplicate_is_rewritten(spark, tmp_path, ledger):
+    """Two refreshes planned from the same version both append (a plain append: Delta's
+    idempotent-write options would cost a state reconstruction per table), but only the one
+    that landed as the next version counts as committed; the other re-plans, reads the table,
+    finds the duplicate and rewrites the table from the ledger."""
     apath = str(tmp_path / "am")
     lpath = str(tmp_path / "lm")
     ledger.append_audit("alice", "a", None, None, "ok", None, None, None)
@@ -107,21 +109,57 @@ def test_a_write_planned_from_an_old_version_is_skipped(spark, tmp_path, ledger)
     from datetime import datetime, timezone
 
     now = datetime.now(timezone.utc)
-    # two refreshes planned from version v: the first appends, the second is skipped
+    # two refreshes planned from version v: the first commits as v + 1, the second lands
+    # after it and is not reported as committed; nor is one planned from an older version
     two = {"hi": 2}
     assert _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v, state=two)
     assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v, state=two)
     assert not _write(spark, [_audit_row(row, now)], AUDIT_SCHEMA, apath, append=True, read_version=v - 1,
                       state=two)
-    seqs = [r["seq"] for r in spark.read.format("delta").load(apath).collect()]
-    assert sorted(seqs) == [1, 2] and _version(spark, apath) == v + 1
-    # the same append without the conditional options would have duplicated the row: the
-    # options are what protect the table (this is the race two concurrent refreshes run)
-    spark.createDataFrame([_audit_row(row, now)], AUDIT_SCHEMA).write.format("delta").mode("append").save(apath)
-    assert sorted(r["seq"] for r in spark.read.format("delta").load(apath).collect()) == [1, 2, 2]
-    # ... and the next refresh sees the duplicate and rewrites the table from the ledger
+    assert sorted(r["seq"] for r in spark.read.format("delta").load(apath).collect()) == [1, 2, 2, 2]
+    # the next refresh (the losers' re-plan) does not trust the last commit's record (it was
+    # not planned from the version before it): it reads the table, sees the duplicates and
+    # rewrites the table from the ledger
     assert mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)[1] == 2
     assert sorted(r["seq"] for r in spark.read.format("delta").load(apath).collect()) == [1, 2]
+
+
+def test_two_refreshes_at_once_leave_the_mirror_equal_to_the_ledger(spark, tmp_path, ledger, monkeypatch):
+    """Two refreshes planned from the same mirror version, the second appending after the
+    first committed (held at a gate between its plan and its write): both return, and the
+    tables equal a full rebuild, each ledger row once."""
+    import threading
+
+    import dp_spark.delta.mirror as mirror
+
+    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
+    _reserve(ledger, "a", "r0")
+    ledger.commit("r0", "o")
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    _reserve(ledger, "a", "r1")
+    ledger.commit("r1", "o")
+    planned, gate = threading.Event(), threading.Event()
+    real_write = mirror._write
+
+    def held_write(spark_, rows, schema, path, **kw):
+        if threading.current_thread().name == "late" and path == lpath and kw["append"]:
+            planned.set()
+            assert gate.wait(120)
+        return real_write(spark_, rows, schema, path, **kw)
+
+    monkeypatch.setattr(mirror, "_write", held_write)
+    late = threading.Thread(target=lambda: mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath),
+                            name="late")
+    late.start()
+    assert planned.wait(120)  # the late refresh planned from the same version as the next one
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    gate.set()
+    late.join(120)
+    assert not late.is_alive()
+    rpath, rapath = str(tmp_path / "rebuilt_lm"), str(tmp_path / "rebuilt_am")
+    mirror_to_delta(ledger, spark, ledger_path=rpath, audit_path=rapath, full=True)
+    assert _table(spark, lpath, ENTRY_SCHEMA) == _table(spark, rpath, ENTRY_SCHEMA)
+    assert sorted(r["seq"] for r in spark.read.format("delta").load(lpath).collect()) == [1, 2]
 
 
 def test_a_mirror_edited_or_from_another_ledger_is_rewritten(spark, tmp_path, ledger):
