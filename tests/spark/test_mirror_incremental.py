@@ -48,6 +48,17 @@ def _ops(spark, path: str) -> list[tuple[str, str, int]]:
              int((r["operationMetrics"] or {}).get("numOutputRows", -1))) for r in rows]
 
 
+def _mirrored_then_one_more(spark, tmp_path, ledger) -> tuple[str, str]:
+    """Entry r0 committed and mirrored, then r1 committed and not mirrored yet: (lpath, apath)."""
+    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
+    _reserve(ledger, "a", "r0")
+    ledger.commit("r0", "o")
+    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
+    _reserve(ledger, "a", "r1")
+    ledger.commit("r1", "o")
+    return lpath, apath
+
+
 @pytest.fixture
 def ledger(tmp_path):
     with open_ledger(f"sqlite:{tmp_path / 'ledger.db'}", key=KEY) as led:
@@ -132,12 +143,7 @@ def test_two_refreshes_at_once_leave_the_mirror_equal_to_the_ledger(spark, tmp_p
 
     import dp_spark.delta.mirror as mirror
 
-    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
-    _reserve(ledger, "a", "r0")
-    ledger.commit("r0", "o")
-    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
-    _reserve(ledger, "a", "r1")
-    ledger.commit("r1", "o")
+    lpath, apath = _mirrored_then_one_more(spark, tmp_path, ledger)
     planned, gate = threading.Event(), threading.Event()
     real_write = mirror._write
 
@@ -185,12 +191,7 @@ def test_a_mirror_edited_or_from_another_ledger_is_rewritten(spark, tmp_path, le
 def test_a_tampered_new_entry_is_not_mirrored(spark, tmp_path, ledger):
     import sqlite3
 
-    lpath, apath = str(tmp_path / "lm"), str(tmp_path / "am")
-    _reserve(ledger, "a", "r0")
-    ledger.commit("r0", "o")
-    mirror_to_delta(ledger, spark, ledger_path=lpath, audit_path=apath)
-    _reserve(ledger, "a", "r1")
-    ledger.commit("r1", "o")
+    lpath, apath = _mirrored_then_one_more(spark, tmp_path, ledger)
     conn = sqlite3.connect(str(tmp_path / "ledger.db"), isolation_level=None)
     for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
         conn.execute(f'DROP TRIGGER "{name}"')
