@@ -50,6 +50,7 @@ from dp_spark.core.events import canonical_json
 from dp_spark.ledger import open_ledger, sqlite_path
 from dp_spark.ledger.policy import BudgetPolicy, load_policies
 from dp_spark.mechanisms.samplers import NoiseSource, default_source
+from dp_spark.statistics.cells import CellColumns
 
 log = logging.getLogger("dp_spark.engine")
 CODE_VERSION = __version__
@@ -68,13 +69,12 @@ def _drain_at_exit() -> None:
         engine.close(timeout=EXIT_WAIT_SECONDS)
 
 
-def _as_written(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _as_written(rows: CellColumns) -> list[dict[str, Any]]:
     """The rows a release write committed, as :func:`~dp_spark.delta.release_table.read_release`
     returns them (the table's columns, ordered by statistic and key), without reading them back."""
     from dp_spark.delta.release_table import RELEASE_SCHEMA
 
-    return sorted(({f.name: r.get(f.name) for f in RELEASE_SCHEMA.fields} for r in rows),
-                  key=lambda r: (r["statistic"], r["key"]))
+    return sorted(rows.dicts([f.name for f in RELEASE_SCHEMA.fields]), key=lambda r: (r["statistic"], r["key"]))
 
 
 # --------------------------------------------------------------------------------------
@@ -664,11 +664,13 @@ class Engine:
         with _stage(self.spark, "noise", release_id):
             # the noisy components by key are only needed to merge small groups
             components: Optional[dict[Any, Any]] = {} if spec.min_group_size is not None else None
-            cells = plan.noise(partials, self.source, tuples, components)
+            cells = plan.noise_columns(partials, self.source, tuples, components)
             del partials
         suppressed: list[str] = []
         if spec.min_group_size is not None:  # thresholds on NOISY counts only (post-processing)
-            cells, suppressed = threshold_cells(spec, cells, components or {})
+            kept, suppressed = threshold_cells(spec, cells.dicts(), components or {})
+            cells = CellColumns.from_dicts(kept)
+            del kept
         del components
         rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
         del cells
@@ -775,13 +777,11 @@ class Engine:
         written = self._stream_points_written(spec, path, sid)
         last = spec.key_sets[0].values[-1]
         cells = [c for c in cells if c["key"] == last or c["key"] not in written]
-        rows = self._rows(spec, plan, policy, release_id, snapshot, cells)
-        del cells
         stream_note = {"stream_id": sid, "horizon_days": plan.horizon, "start": spec.stream.start,
                        "charged": "once, at the stream's first refresh"}
-        for r in rows:
-            r["charge_json"] = json.dumps({**json.loads(r["charge_json"]), "stream": stream_note}, sort_keys=True)
-            r["parallel_composition"] = False  # a unit's rows reach a node of every level
+        rows = self._rows(spec, plan, policy, release_id, snapshot, CellColumns.from_dicts(cells),
+                          stream_note=stream_note)
+        del cells
         # 5. write (insert-if-absent by release id), then the stream's entry is committed
         with _stage(self.spark, "write", release_id):
             try:
@@ -938,10 +938,17 @@ class Engine:
         self._audit(spec, "refused_budget", release_id, None, str(exc))
         raise exc
 
-    def _rows(self, spec, plan, policy, release_id, snapshot, cells) -> list[dict[str, Any]]:
+    def _rows(self, spec, plan, policy, release_id, snapshot, cells: CellColumns, *,
+              stream_note: Optional[dict] = None) -> CellColumns:
+        """The release's rows: its cells (each with ``keys``: {column: key}, {} for the global
+        cell) and the release's common fields, as columns. ``stream_note``: a stream's point
+        (its charge is the stream's, and a unit's rows reach a node of every level)."""
         common = self._common(spec, plan, policy, release_id, snapshot)
-        # each cell carries ``keys``: {column: key} ({} for the global cell)
-        return [{**common, **c} for c in cells]
+        if stream_note is not None:
+            common["charge_json"] = json.dumps({**json.loads(common["charge_json"]), "stream": stream_note},
+                                               sort_keys=True)
+            common["parallel_composition"] = False
+        return cells.with_common(common)
 
     def _common(self, spec, plan, policy, release_id, snapshot) -> dict[str, Any]:
         """The fields every row of a release shares (its metadata; no value of any cell)."""

@@ -614,7 +614,7 @@ def noisy_release_frame(df: DataFrame, plan, source, batch: int = STREAM_BATCH) 
 
     ``df``: the partials (``dp_cell`` and the partial longs, as for :func:`collect_query_partials`).
     The grid's cell indices (``range(cells)``) are joined with them and partitioned by slices of
-    ``batch`` consecutive cells, sorted; each Arrow batch of a partition runs
+    ``batch`` consecutive cells, sorted; each Arrow batch of a partition (``mapInArrow``) runs
     :meth:`~dp_spark.statistics.plan.QueryPlan.noise` -- the same code, the same exact samplers
     and grids and the same post-processing as the driver path -- with
     ``source.for_batch(first cell)`` (OpenDP's sampler on the executor's OS CSPRNG; a seeded
@@ -645,26 +645,30 @@ def noisy_release_frame(df: DataFrame, plan, source, batch: int = STREAM_BATCH) 
     k = len(key_sets)
     out_schema = T.StructType([T.StructField(f, t, True) for f, t in NOISY_CELL_FIELDS]
                               + [T.StructField(f"{NOISY_KEY_PREFIX}{j}", T.StringType(), True) for j in range(k)])
-    field_names = [f for f, _ in NOISY_CELL_FIELDS]
+    import pyarrow as pa
+
+    arrow = {T.StringType(): pa.string(), T.DoubleType(): pa.float64()}
+    arrow_schema = pa.schema([pa.field(f.name, arrow[f.dataType]) for f in out_schema.fields])
 
     def _noise(batches):
-        import pandas as pd
-
+        from dp_spark.statistics.cells import CellBlock, CellColumns
         from dp_spark.statistics.plan import PartialColumns, key_tuples_at
 
-        for pdf in batches:
-            if pdf.empty:
+        for rb in batches:
+            if not rb.num_rows:
                 continue
-            cells = pdf[CELL].to_numpy(dtype=np.int64)
-            have = pdf[present].to_numpy(dtype=bool)
+            cells = rb.column(CELL).to_numpy()
+            have = rb.column(present).to_numpy(zero_copy_only=False).astype(bool)
             pos = np.flatnonzero(have).astype(np.int64)
-            partials = PartialColumns(pos, {c: pdf[c].to_numpy()[have].astype(np.int64) for c in names})
+            partials = PartialColumns(pos, {c: rb.column(c).to_numpy()[have] for c in names})
             tuples = key_tuples_at(key_sets, cells.tolist())
-            noisy = plan.noise(partials, source.for_batch(int(cells[0])), tuples, grid_cells=n)
-            del partials
-            frame = pd.DataFrame({f: [c.get(f) for c in noisy] for f in field_names})
-            for j in range(k):
-                frame[f"{NOISY_KEY_PREFIX}{j}"] = [c["keys"][key_sets[j].column] for c in noisy]
-            yield frame
+            noisy = plan.noise_columns(partials, source.for_batch(int(cells[0])), tuples, grid_cells=n)
+            del partials, tuples
+            # the key columns ``dp_key_<j>`` beside the noisy fields: no Python object per cell
+            keyed = CellColumns(tuple(
+                CellBlock(blk.size, {**blk.fields, **{f"{NOISY_KEY_PREFIX}{j}": (blk.key_values or {})[ks.column]
+                                                       for j, ks in enumerate(key_sets)}}, blk.key_values)
+                for blk in noisy.blocks))
+            yield from keyed.record_batches(arrow_schema)
 
-    return joined.mapInPandas(_noise, out_schema)
+    return joined.mapInArrow(_noise, out_schema)

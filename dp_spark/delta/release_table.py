@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -29,6 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dp_spark.errors import OutputSchemaError, SchemaError
+from dp_spark.statistics.cells import CellColumns
 
 RELEASE_SCHEMA = T.StructType(
     [
@@ -284,32 +284,25 @@ def _arrow_type(dtype: T.DataType):
             T.BooleanType(): pa.bool_()}[dtype]
 
 
-def _instant(t: Optional[datetime]) -> Optional[datetime]:
-    """A ``created_at`` as the UTC instant Spark makes of it: a naive time is in the Python
-    process's local time zone (what ``createDataFrame(rows, schema)`` and ``F.lit`` assume, not
-    the session's ``spark.sql.session.timeZone``)."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t.timestamp(), tz=timezone.utc)
-
-
-def cells_arrow_table(rows: list[dict[str, Any]]):
-    """The release's cells as one Arrow table (one column at a time, no per-row schema check):
-    the columns and types of :data:`RELEASE_SCHEMA`, ``created_at`` as a UTC instant."""
+def release_arrow_schema():
+    """:data:`RELEASE_SCHEMA` as an Arrow schema (``created_at`` a UTC instant)."""
     import pyarrow as pa
 
-    arrays = []
-    for f in RELEASE_SCHEMA.fields:
-        col = [r.get(f.name) if f.nullable else r[f.name] for r in rows]
-        if isinstance(f.dataType, T.MapType):
-            col = [None if m is None else list(m.items()) for m in col]
-        elif isinstance(f.dataType, T.TimestampType):
-            col = [_instant(t) for t in col]
-        arrays.append(pa.array(col, type=_arrow_type(f.dataType)))
-    return pa.Table.from_arrays(arrays, names=[f.name for f in RELEASE_SCHEMA.fields])
+    return pa.schema([pa.field(f.name, _arrow_type(f.dataType), f.nullable) for f in RELEASE_SCHEMA.fields])
 
 
-def _cells_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+def _release_columns(rows) -> CellColumns:
+    return rows if isinstance(rows, CellColumns) else CellColumns.from_dicts(rows)
+
+
+def cells_arrow_table(rows):
+    """The release's cells as one Arrow table of :data:`RELEASE_SCHEMA`'s columns and types
+    (one column at a time, no per-row schema check; ``created_at`` as a UTC instant): ``rows``
+    as :class:`~dp_spark.statistics.cells.CellColumns` (the engine's) or one dict per row."""
+    return _release_columns(rows).arrow_table(release_arrow_schema())
+
+
+def _cells_frame(spark: SparkSession, rows) -> DataFrame:
     """The release's cells as one DataFrame of one partition: the cells are a driver-side list
     (O(cells)), and one file per release keeps the table's file count (and its readers' cost)
     down. Built from an Arrow table of :data:`RELEASE_SCHEMA`'s types, given that schema: no
@@ -319,8 +312,10 @@ def _cells_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return spark.createDataFrame(cells_arrow_table(rows), RELEASE_SCHEMA).coalesce(1)
 
 
-def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) -> None:
+def write_release(spark: SparkSession, path: str, rows) -> None:
     """Append the release's cells unless a write of its release id already landed (one commit).
+    ``rows``: :class:`~dp_spark.statistics.cells.CellColumns` with the release's common fields
+    (``with_common``), or one dict per row.
 
     The DataFrame writer's idempotent append, keyed by the release id (``txnAppId`` =
     ``dp_spark_release:<id>``, ``txnVersion`` = 1): Delta looks the key up in the snapshot the
@@ -331,9 +326,10 @@ def write_release(spark: SparkSession, path: str, rows: list[dict[str, Any]]) ->
     raised. Either way at most one write of a release id ever lands. The session's
     ``spark.databricks.delta.commitInfo.userMetadata``, if set, is recorded as by any write.
     """
+    rows = _release_columns(rows)
     if not rows:
         raise ValueError("a release has at least one cell")
-    ids = {r["release_id"] for r in rows}
+    ids = rows.distinct("release_id")
     if len(ids) != 1:
         raise ValueError("a release write holds the cells of one release id")
     _append_once(_cells_frame(spark, rows), path, ids.pop())
@@ -389,10 +385,14 @@ def is_concurrent_change(exc: BaseException) -> bool:
 _CELL_FIELDS = ("statistic", "key", "value", "ci_low", "ci_high", "band_low", "band_high")
 
 
-def same_cells(stored: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
+def same_cells(stored: list[dict[str, Any]], rows) -> bool:
     """True when the stored cells publish exactly the numbers of ``rows`` (same statistics,
-    keys, values, intervals and bands). Then showing ``rows`` shows nothing that is not published;
-    otherwise another writer's draw is the release and ``rows`` must never be shown."""
+    keys, values, intervals and bands; dicts or :class:`~dp_spark.statistics.cells.CellColumns`).
+    Then showing ``rows`` shows nothing that is not published; otherwise another writer's draw
+    is the release and ``rows`` must never be shown."""
+    if isinstance(rows, CellColumns):
+        rows = rows.dicts(_CELL_FIELDS)
+
     def same(x):  # a suppressed cell's NaN equals NaN here; no band is None
         if x is None:
             return ("none",)

@@ -47,6 +47,7 @@ from dp_spark.core.budget import PureDP, ZCDP
 from dp_spark.errors import ConfigError, DpSparkError
 from dp_spark.core.events import ComposedEvent
 from dp_spark.statistics.base import kind_of
+from dp_spark.statistics.cells import CellBlock, CellColumns, Const, canonical_keys
 from dp_spark.statistics.components import window_suffix
 from dp_spark.statistics.noise import joint_alpha
 
@@ -214,11 +215,20 @@ class QueryPlan:
     def noise(self, partials: Mapping[int, Mapping[str, int]], source,
               tuples: Optional[list] = None, components: Optional[dict] = None,
               grid_cells: Optional[int] = None) -> list[dict[str, Any]]:
+        """:meth:`noise_columns` as one dict per cell (statistic by statistic, the key tuples in
+        order): ``statistic``, ``key``, ``keys`` ({column: key}) and the statistic's fields."""
+        return self.noise_columns(partials, source, tuples, components, grid_cells).dicts()
+
+    def noise_columns(self, partials: Mapping[int, Mapping[str, int]], source,
+                      tuples: Optional[list] = None, components: Optional[dict] = None,
+                      grid_cells: Optional[int] = None) -> CellColumns:
         """One noise vector per component over all cells (present in the data or not), then
         every statistic's post-processing per cell. ``partials``: cell index -> collected longs.
         ``tuples``: the key tuples (in ``group_by`` order) the indices refer to; by default the
         cross product of the public key sets (a release with private keys passes the selected
-        cells). Returns the cells (driver memory only: never log them before the write commits).
+        cells). Returns the cells as columns, one block per statistic
+        (:class:`~dp_spark.statistics.cells.CellColumns`; driver or task memory only: never log
+        them before the write commits).
         When ``components`` is a dict, each component's noisy values (real units) are put in it,
         ``{component: {key: value or [values]}}`` (for merging small groups: post-processing).
 
@@ -270,7 +280,9 @@ class QueryPlan:
             return exact[comp]
 
         names = [ks.column for ks in spec.key_sets]
-        keys = [canonical_key(spec.key_sets, t) for t in tuples]
+        key_cols = [list(col) for col in zip(*tuples)] if (names and n) else [[] for _ in names]
+        keys = canonical_keys(key_cols, n)
+        key_values = dict(zip(names, key_cols))
         if components is not None:
             for comp in self.components:
                 values, w = fractions(comp), comp.width
@@ -282,32 +294,36 @@ class QueryPlan:
         # (exactly 1 - alpha for intervals that are exact for the noise)
         band_n = n if grid_cells is None else grid_cells
         band_alpha = Fraction(joint_alpha(alpha, band_n)) if spec.simultaneous and n else None
-        cells: list[dict[str, Any]] = []
+        blocks: list[CellBlock] = []
         for stat, comps in zip(spec.statistics, self.stat_components):
             kind = kind_of(stat.kind)
             plans = {c: self.plan_of(c) for c in comps}
+            fields: dict[str, Any] = {"statistic": Const(stat.name), "key": keys}
             cols = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, alpha)
             if cols is not None:
-                value, lo, hi = (cols.pop(f).tolist() for f in ("value", "ci_low", "ci_high"))
-                for i, values in enumerate(tuples):
-                    cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)),
-                                  "value": value[i], "ci_low": lo[i], "ci_high": hi[i], **cols})
+                for f in ("value", "ci_low", "ci_high"):
+                    fields[f] = cols.pop(f)
+                fields.update({f: Const(v) for f, v in cols.items()})
                 if band_alpha is not None:
                     band = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, band_alpha)
                     if band is None:  # the same grids as the intervals': a vectorised form for both
                         raise DpSparkError("internal: no vectorised band where there is a vectorised interval")
-                    for cell, b_lo, b_hi in zip(cells[-n:], band["ci_low"].tolist(), band["ci_high"].tolist()):
-                        cell["band_low"], cell["band_high"] = b_lo, b_hi
+                    fields["band_low"], fields["band_high"] = band["ci_low"], band["ci_high"]
+                blocks.append(CellBlock(n, fields, key_values))
                 continue
             noisy = {c: fractions(c) for c in comps}
-            for i, values in enumerate(tuples):
+            outs = []
+            for i in range(n):
                 mine = {c: (noisy[c][i] if c.width == 1 else noisy[c][i * c.width:(i + 1) * c.width]) for c in comps}
                 out = kind.finish(stat, mine, plans, alpha)
                 if band_alpha is not None:  # without bands the cells hold no band fields (null in the table)
                     band = kind.finish(stat, mine, plans, band_alpha)
                     out["band_low"], out["band_high"] = band["ci_low"], band["ci_high"]
-                cells.append({"statistic": stat.name, "key": keys[i], "keys": dict(zip(names, values)), **out})
-        return cells
+                outs.append(out)
+            for f in dict.fromkeys(f for out in outs for f in out):
+                fields[f] = [out.get(f) for out in outs]
+            blocks.append(CellBlock(n, fields, key_values))
+        return CellColumns(tuple(blocks))
 
 
 class PartialColumns(Mapping):

@@ -70,11 +70,11 @@ from pyspark.sql import functions as F
 
 from dp_spark.statistics.plan import QueryPlan
 draws = {"noise": 0}
-real_noise = QueryPlan.noise
+real_noise = QueryPlan.noise_columns
 def counting_noise(*a, **k):  # noise is drawn here, in the client (driver) process
     draws["noise"] += 1
     return real_noise(*a, **k)
-QueryPlan.noise = counting_noise
+QueryPlan.noise_columns = counting_noise
 
 env, spec = load_env(env_file), load_release_spec(spec_file)
 first = Engine(env, spark=spark, principal=os.environ["DP_SPARK_PRINCIPAL"]).publish(spec)

@@ -150,18 +150,18 @@ def test_crash_before_write_rerun_reuses_reservation(spark, warehouse, monkeypat
 
     dau = register(warehouse, "dau_daily")
     eng = engine(spark, warehouse)
-    real = QueryPlan.noise
+    real = QueryPlan.noise_columns
 
     def boom(*a, **k):
         raise RuntimeError("driver killed")
 
-    monkeypatch.setattr(QueryPlan, "noise", boom)
+    monkeypatch.setattr(QueryPlan, "noise_columns", boom)
     with pytest.raises(ReleaseFailedError) as exc:  # after the reservation: the text is withheld
         eng.publish(dau)
     assert exc.value.stage == "noise" and exc.value.exception_class == "RuntimeError"
     assert "driver killed" not in str(exc.value)
     assert [e.state for e in ledger_entries(eng)] == ["reserved"]
-    monkeypatch.setattr(QueryPlan, "noise", real)
+    monkeypatch.setattr(QueryPlan, "noise_columns", real)
     again = engine(spark, warehouse).publish(dau)  # waits out the 2 s lease, takes over
     assert again.status == "published" and again.charge is None  # the reservation was reused
     assert len(ledger_entries(eng)) == 1 and ledger_entries(eng)[0].state == "committed"
