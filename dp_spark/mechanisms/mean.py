@@ -265,6 +265,8 @@ def optimal_mean_split(bounds: ContributionBounds, relation, assumed_group_size:
 
 # --- post-processing ----------------------------------------------------------------------
 def _exact(value, name: str) -> Fraction:
+    if type(value) is Fraction:  # immutable: itself (the per-cell post-processing passes these)
+        return value
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be a number")
     if isinstance(value, (Fraction, Integral)):
@@ -574,37 +576,27 @@ def mean_interval_large_count(noisy_norm_sum, noisy_count, midpoint, lower, uppe
 
 def mean_cell_accuracy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_count, alpha, *,
                        mechanism: str, sum_scale, sum_unit, count_scale) -> dict:
-    """Everything a release publishes about one mean cell, from its two noisy values and the
-    public noise laws: ``value``, ``ci_low``, ``ci_high``, ``noise_stddev`` and
-    ``expected_abs_error`` (Fractions for the first three). The mean kind's ``finish``
-    (:mod:`dp_spark.statistics.moments`) and the epsilon explorer both call this, so the
-    explorer predicts exactly what is published.
+    """The value and interval a release publishes for one mean cell, from its two noisy values
+    and the public noise laws: ``value``, ``ci_low``, ``ci_high`` (Fractions). The mean kind's
+    ``finish`` (:mod:`dp_spark.statistics.moments`, which the epsilon explorer runs too, so the
+    explorer predicts exactly what is published) calls this; its error figures are the plug-in
+    ones of ``moments.mean_error`` (both noises, the floor and the clamp).
 
     The interval is :func:`mean_interval_large_count` when the count is large, else the union
-    bound :func:`mean_interval` with the exact alpha/2 half-widths of the two noises;
-    ``noise_stddev`` is the sum's noise sd over the floored count, ``expected_abs_error``
-    :func:`mean_expected_abs_error` (both noises) at the released mean.
+    bound :func:`mean_interval` with the exact alpha/2 half-widths of the two noises.
     """
     from dp_spark.mechanisms import accuracy
 
     s, c, mid, lo_b, hi_b = _mean_inputs(noisy_norm_sum, noisy_count, midpoint, lower, upper)
-    mech, t_s, u, t_c = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)
+    mech = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)[0]
     a = float(alpha)
     value = mean_from_noisy(s, c, mid, lo_b, hi_b, min_count)
     interval = mean_interval_large_count(s, c, mid, lo_b, hi_b, min_count, alpha=a, mechanism=mech,
                                          sum_scale=sum_scale, sum_unit=sum_unit, count_scale=count_scale)
     if interval is None:
         unit = _exact(sum_unit, "sum_unit")
-        interval = mean_interval(
-            s, c, accuracy.noise_stddev(mech, sum_scale) * u, accuracy.noise_stddev(mech, count_scale), mid,
-            lo_b, hi_b, min_count, a, mechanism=mech,
+        interval = mean_interval(  # the exact half-widths given: no standard deviation is read
+            s, c, None, None, mid, lo_b, hi_b, min_count, a, mechanism=mech,
             sum_halfwidth=accuracy.noise_halfwidth(mech, sum_scale, a / 2) * unit,
             count_halfwidth=Fraction(accuracy.noise_halfwidth(mech, count_scale, a / 2)))
-    denom = max(float(c), float(_floor_value(min_count)))
-    return {
-        "value": value, "ci_low": interval[0], "ci_high": interval[1],
-        "noise_stddev": accuracy.noise_stddev(mech, sum_scale) * u / denom,
-        "expected_abs_error": mean_expected_abs_error(value - mid, c, min_count, mechanism=mech,
-                                                      sum_scale=sum_scale, sum_unit=sum_unit,
-                                                      count_scale=count_scale),
-    }
+    return {"value": value, "ci_low": interval[0], "ci_high": interval[1]}
