@@ -638,16 +638,17 @@ class Engine:
                     total_where(self.spark, spec.where is not None):
                 stored = self._write_frame_once(path, release_id, spec, plan, policy, snapshot, partials_df,
                                                 owner, fresh=not reservation.reused)
-            self._commit_if_owner(release_id, owner)
+            committed = self._commit_if_owner(release_id, owner)
             if stored is not None:
                 self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
+                self._record(spec, release_id, version=committed)  # the other run may not have versioned it
                 return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
                                     note="a concurrent run published it")
             status = "degraded" if _degraded_from else "published"
             detail = f"degraded from {_degraded_from}" if _degraded_from else ""
             detail = (detail + "; " if detail else "") + "noised on the executors"
             self._audit(spec, status, release_id, charged, detail)
-            self._record(spec, release_id)
+            self._record(spec, release_id, version=committed)
             n_cells = spec.cells * len(spec.statistics)
             return self._result(spec, release_id, path, status, (), charge=charged,
                                 note=f"{n_cells} cells noised on the executors and written to {path}: read them "
@@ -677,13 +678,14 @@ class Engine:
         # 6. write (atomic, insert-if-absent by release id), learn whose cells landed, commit
         with _stage(self.spark, "write", release_id):
             stored = self._write_once(path, release_id, rows, owner, fresh=not reservation.reused)
-        self._commit_if_owner(release_id, owner)
+        committed = self._commit_if_owner(release_id, owner)
         if stored is not None:
             del rows  # never written, never shown
             # another run (which took the reservation over) wrote first: its cells are the
             # release; ours were never written or shown, and the reservation is charged once
             # (by this run, if it made the reservation: ``charged`` says so, here and in the audit)
             self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
+            self._record(spec, release_id, version=committed)  # the other run may not have versioned it
             return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
                                 note="a concurrent run published it")
         status = "degraded" if _degraded_from else "published"
@@ -693,7 +695,8 @@ class Engine:
         if not rows:
             detail = (detail + "; " if detail else "") + "no key was selected: nothing published"
         self._audit(spec, status, release_id, charged, detail)
-        self._record(spec, release_id, version=bool(rows))  # no key selected: the current version stays
+        # no key selected: the current version stays; not committed by this run: its new owner versions it
+        self._record(spec, release_id, version=bool(rows) and committed)
         # the write committed exactly these rows: return them without reading the table back
         mine = _as_written(rows)
         return self._result(spec, release_id, path, status, mine, charge=charged,
@@ -885,16 +888,21 @@ class Engine:
             raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
         return stored
 
-    def _commit_if_owner(self, release_id: str, owner: str) -> None:
-        """Commit the reservation, unless another run owns it now (it took it over)."""
+    def _commit_if_owner(self, release_id: str, owner: str) -> bool:
+        """Commit the reservation, unless another run owns it now (it took it over). True when
+        the ledger entry is committed afterwards (by this run, or already by the other): only
+        then may this run record a version of the release (a version of an entry that is not
+        committed makes the family's statement inconsistent). False: the run that owns the
+        reservation commits it and records the version; any later run heals both."""
         try:
             self.ledger.commit(release_id, owner)
+            return True
         except ReleaseConflictError:
             entry = self.ledger.find(release_id)
-            if entry is None or entry.state != "committed":
-                # the release is written (found by id); whoever owns the reservation now
-                # commits it, and any later run heals it by finding the release
-                log.info("release %s: written; the reservation is owned by another run", release_id[:12])
+            if entry is not None and entry.state == "committed":
+                return True
+            log.info("release %s: written; the reservation is owned by another run", release_id[:12])
+            return False
 
     def _reserve(self, spec, release_id, charge, event_json, owner):
         deadline = time.monotonic() + self.env.lease_seconds + 10

@@ -317,6 +317,70 @@ def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehou
     assert b.status == "cache_hit" and b.charge is None
 
 
+def test_a_run_that_lost_its_reservation_does_not_version_it_before_the_new_owner_commits(
+        spark, demo_input, tmp_path, monkeypatch):
+    """A's write lands after B took the reservation over, and B is held between its write and
+    its commit until A has returned. A's commit fails (B owns the reservation now): A must not
+    record a version of a release whose ledger entry is not committed yet -- the family's
+    statement would be inconsistent and A's publish would fail although its cells are the
+    release (what ``test_two_concurrent_runs_one_output_one_charge`` met under load). B commits,
+    then records the one version. A 6 s lease: B's is still live when A tries to commit."""
+    import dp_spark.delta.release_table as writer_mod
+    from dp_spark.governance.versions import history
+
+    from .conftest import make_warehouse
+
+    warehouse = make_warehouse(tmp_path / "lease6", demo_input, lease_seconds=6)
+
+    go_a, a_wrote, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def hook(real, s, p, rows, **kw):
+        if threading.current_thread().name == "run_a":
+            hook.a_at_write.set()
+            assert go_a.wait(300)
+            try:
+                return real(s, p, rows, **kw)
+            finally:
+                a_wrote.set()
+        go_a.set()  # B is about to write: let A's write land first
+        assert a_wrote.wait(300)
+        try:
+            return real(s, p, rows, **kw)
+        finally:
+            assert a_done.wait(300)  # B's commit waits until A has returned
+
+    hook.a_at_write = threading.Event()
+    real = writer_mod.write_release
+    monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r, **kw: hook(real, s, p, r, **kw))
+    dau = register(warehouse, "dau_daily")
+    out, errors = {}, []
+
+    def run_a():
+        try:
+            out["a"] = engine(spark, warehouse).publish(dau)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            a_done.set()
+
+    t = threading.Thread(target=run_a, name="run_a")
+    t.start()
+    assert hook.a_at_write.wait(300)
+    time.sleep(6.5)  # A's 6 s lease expires while it stalls
+    try:
+        out["b"] = engine(spark, warehouse).publish(dau)
+    finally:
+        go_a.set()
+        t.join(300)
+    assert not errors, [str(e)[:2000] for e in errors]
+    a, b = out["a"], out["b"]
+    assert a.status == "published" and b.status == "cache_hit"
+    assert _cells(a.rows) == _cells(b.rows)
+    eng = engine(spark, warehouse)
+    assert [e.state for e in ledger_entries(eng)] == ["committed"]
+    assert [(v["release_id"], v["state"]) for v in history(eng.ledger, dau.family)] == [(a.release_id, "current")]
+
+
 def test_missing_column_charges_nothing(spark, warehouse):
     d = yaml.safe_load(AOV.read_text())
     d["value"]["column"] = "basket_value"
