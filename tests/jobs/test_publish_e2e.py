@@ -214,27 +214,39 @@ def _cells(rows):
     return sorted((r["statistic"], r["key"], r["value"], r["ci_low"], r["ci_high"]) for r in rows)
 
 
-def _takeover(spark, warehouse, monkeypatch, hook, release_a):
+def _takeover(spark, warehouse, monkeypatch, hook, release_a, *, lease_seconds=2, a_done=None):
     """Run A (thread ``run_a``) reaches its write, where ``hook(real_write, spark, path, rows, **kw)``
-    stalls it; once it stalls, A's 2 s lease runs out and run B publishes the same release
-    (taking the reservation over); then ``release_a`` lets A go on. Returns (A's result, B's)
-    after checking what both orders must give: one set of cells in the table, both results
-    showing exactly those, one committed entry and one charge, made once."""
+    stalls it; once it stalls, A's lease (the env's ``lease_seconds``) runs out and run B
+    publishes the same release (taking the reservation over); then ``release_a`` lets A go on
+    (``a_done``, when given, is set once A's publish has returned or raised). Returns (A's
+    result, B's) after checking what both orders must give: neither raised, one set of cells in
+    the table, both results showing exactly those, one committed entry and one charge, made once."""
     import dp_spark.delta.release_table as writer_mod
 
     real = writer_mod.write_release
     monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r, **kw: hook(real, s, p, r, **kw))
     dau = register(warehouse, "dau_daily")
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("a", engine(spark, warehouse).publish(dau)), name="run_a")
+    out, errors = {}, []
+
+    def run_a():
+        try:
+            out["a"] = engine(spark, warehouse).publish(dau)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            if a_done is not None:
+                a_done.set()
+
+    t = threading.Thread(target=run_a, name="run_a")
     t.start()
     assert hook.a_at_write.wait(300)
-    time.sleep(2.5)  # A's 2 s lease expires while it stalls
+    time.sleep(lease_seconds + 0.5)  # A's lease expires while it stalls
     try:
         out["b"] = engine(spark, warehouse).publish(dau)
     finally:
         release_a.set()
         t.join(300)
+    assert not errors, [str(e)[:2000] for e in errors]
     a, b = out["a"], out["b"]
     assert _cells(a.rows) == _cells(b.rows)
     table = spark.read.format("delta").load(a.table_path)
@@ -294,45 +306,12 @@ def test_takeover_inside_the_first_runs_commit_makes_it_fail(spark, warehouse, m
     assert a.status == "cache_hit"
 
 
-def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehouse, monkeypatch):
-    """As above, but A's write lands after B took over and before B writes: B's draw must not
-    land, and B must return A's cells (A's are the release)."""
+def _a_writes_first(b_before_commit=None):
+    """A write hook for a takeover: run A (thread ``run_a``) stalls at its write until run B
+    reaches its own, then A's write lands first and B's after it; ``b_before_commit`` (an
+    Event), when given, holds B after its write (before its ledger commit) until it is set.
+    Returns (hook, go_a): ``go_a`` lets A go on."""
     go_a, a_wrote = threading.Event(), threading.Event()
-
-    def hook(real, s, p, rows, **kw):
-        if threading.current_thread().name == "run_a":
-            hook.a_at_write.set()
-            assert go_a.wait(300)
-            try:
-                return real(s, p, rows, **kw)
-            finally:
-                a_wrote.set()
-        go_a.set()  # B is about to write: let A's write land first
-        assert a_wrote.wait(300)
-        return real(s, p, rows, **kw)
-
-    hook.a_at_write = threading.Event()
-    a, b = _takeover(spark, warehouse, monkeypatch, hook, go_a)
-    assert a.status == "published" and a.charge == ZCDP("0.25")  # A's fresh reservation
-    assert b.status == "cache_hit" and b.charge is None
-
-
-def test_a_run_that_lost_its_reservation_does_not_version_it_before_the_new_owner_commits(
-        spark, demo_input, tmp_path, monkeypatch):
-    """A's write lands after B took the reservation over, and B is held between its write and
-    its commit until A has returned. A's commit fails (B owns the reservation now): A must not
-    record a version of a release whose ledger entry is not committed yet -- the family's
-    statement would be inconsistent and A's publish would fail although its cells are the
-    release (what ``test_two_concurrent_runs_one_output_one_charge`` met under load). B commits,
-    then records the one version. A 6 s lease: B's is still live when A tries to commit."""
-    import dp_spark.delta.release_table as writer_mod
-    from dp_spark.governance.versions import history
-
-    from .conftest import make_warehouse
-
-    warehouse = make_warehouse(tmp_path / "lease6", demo_input, lease_seconds=6)
-
-    go_a, a_wrote, a_done = threading.Event(), threading.Event(), threading.Event()
 
     def hook(real, s, p, rows, **kw):
         if threading.current_thread().name == "run_a":
@@ -347,38 +326,41 @@ def test_a_run_that_lost_its_reservation_does_not_version_it_before_the_new_owne
         try:
             return real(s, p, rows, **kw)
         finally:
-            assert a_done.wait(300)  # B's commit waits until A has returned
+            if b_before_commit is not None:
+                assert b_before_commit.wait(300)
 
     hook.a_at_write = threading.Event()
-    real = writer_mod.write_release
-    monkeypatch.setattr(writer_mod, "write_release", lambda s, p, r, **kw: hook(real, s, p, r, **kw))
-    dau = register(warehouse, "dau_daily")
-    out, errors = {}, []
+    return hook, go_a
 
-    def run_a():
-        try:
-            out["a"] = engine(spark, warehouse).publish(dau)
-        except Exception as exc:  # reported below
-            errors.append(exc)
-        finally:
-            a_done.set()
 
-    t = threading.Thread(target=run_a, name="run_a")
-    t.start()
-    assert hook.a_at_write.wait(300)
-    time.sleep(6.5)  # A's 6 s lease expires while it stalls
-    try:
-        out["b"] = engine(spark, warehouse).publish(dau)
-    finally:
-        go_a.set()
-        t.join(300)
-    assert not errors, [str(e)[:2000] for e in errors]
-    a, b = out["a"], out["b"]
+def test_takeover_while_the_first_run_lives_its_write_lands_first(spark, warehouse, monkeypatch):
+    """As above, but A's write lands after B took over and before B writes: B's draw must not
+    land, and B must return A's cells (A's are the release)."""
+    hook, go_a = _a_writes_first()
+    a, b = _takeover(spark, warehouse, monkeypatch, hook, go_a)
+    assert a.status == "published" and a.charge == ZCDP("0.25")  # A's fresh reservation
+    assert b.status == "cache_hit" and b.charge is None
+
+
+def test_a_run_that_lost_its_reservation_does_not_version_it_before_the_new_owner_commits(
+        spark, demo_input, tmp_path, monkeypatch):
+    """A's write lands after B took the reservation over, and B is held between its write and
+    its commit until A has returned. A's commit fails (B owns the reservation now): A must not
+    record a version of a release whose ledger entry is not committed yet -- the family's
+    statement would be inconsistent and A's publish would fail although its cells are the
+    release (what ``test_two_concurrent_runs_one_output_one_charge`` met under load). B commits,
+    then records the one version. A 6 s lease: B's is still live when A tries to commit."""
+    from dp_spark.governance.versions import history
+
+    from .conftest import make_warehouse
+
+    warehouse = make_warehouse(tmp_path / "lease6", demo_input, lease_seconds=6)
+    a_done = threading.Event()
+    hook, go_a = _a_writes_first(b_before_commit=a_done)  # B's commit waits until A has returned
+    a, b = _takeover(spark, warehouse, monkeypatch, hook, go_a, lease_seconds=6, a_done=a_done)
     assert a.status == "published" and b.status == "cache_hit"
-    assert _cells(a.rows) == _cells(b.rows)
-    eng = engine(spark, warehouse)
-    assert [e.state for e in ledger_entries(eng)] == ["committed"]
-    assert [(v["release_id"], v["state"]) for v in history(eng.ledger, dau.family)] == [(a.release_id, "current")]
+    versions = history(engine(spark, warehouse).ledger, a.family)
+    assert [(v["release_id"], v["state"]) for v in versions] == [(a.release_id, "current")]
 
 
 def test_missing_column_charges_nothing(spark, warehouse):
