@@ -178,6 +178,8 @@ class Stages:
         import dp_spark.governance as gov
         import dp_spark.governance.versions as versions
         import dp_spark.delta.release_table as writer
+        import dp_spark.engine as engine
+        import dp_spark.governance.statement as statement
         from dp_spark.engine import Engine
 
         def wrap(owner, name, label):
@@ -206,6 +208,8 @@ class Stages:
         wrap(versions, "record_publications", "finish: versions (ledger)")
         wrap(gov, "_refresh_statement", "finish: privacy statement")
         wrap(Engine, "_refresh_mirror", "mirror + _published (background thread)")
+        wrap(statement, "load_release_summaries", "finish: release summaries (thread, overlaps versions)")
+        wrap(engine, "_as_written", "returned rows")
         stages = self
 
         class Handler(logging.Handler):

@@ -77,6 +77,7 @@ SPARK_B_FILES = frozenset({
     "spark/test_mirror_incremental.py", "unit/test_cli_spark.py", "spark/test_event_units.py",
     "spark/test_release_writer.py", "governance/test_versions.py", "spark/test_series_current.py",
     "spark/test_release_write_once.py", "spark/test_damaged_tables.py", "spark/test_mirror_rebuild.py",
+    "spark/test_release_summaries.py",
 })
 SPARK_JOBS_GROUP = "spark-jobs"
 #: tests/jobs in two halves (their seconds in ciG: 676 and 631): as one group of about 1,200 s

@@ -18,6 +18,7 @@ Runtime (whose Delta classes are not the open-source ones).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -138,6 +139,18 @@ def pin_snapshot(spark: SparkSession, location: str) -> Snapshot:
     if detail is None or detail["format"] != "delta" or hist is None:
         raise SchemaError(f"input '{location}' is not a Delta table")
     return Snapshot(location=location, table_id=str(detail["id"]), version=int(hist["version"]))
+
+
+def recent_commits(spark: SparkSession, path: str, limit: int) -> list[dict[str, Any]]:
+    """The latest ``limit`` commits of the Delta table at ``path`` as ``DESCRIBE HISTORY ...
+    LIMIT`` shows them (``version``, ``timestamp``, ``operation``, ``operationMetrics``,
+    ``userMetadata``, ...), newest first (fewer when the log holds fewer); [] when there is
+    no readable table there. One SQL command; no data is read."""
+    try:
+        rows = spark.sql(f"DESCRIBE HISTORY {_sql_ref(path)} LIMIT {int(limit)}").collect()
+    except Exception:
+        return []
+    return sorted((r.asDict() for r in rows), key=lambda c: -int(c["version"]))
 
 
 def latest_commit(spark: SparkSession, path: str) -> Optional[dict[str, Any]]:
@@ -323,8 +336,10 @@ def write_release(spark: SparkSession, path: str, rows) -> None:
     landed (the caller learns which from the ledger or by :func:`same_cells`); the lookup
     records the key as read, so when a concurrent append of this release id commits while
     this one is being written, Delta refuses this commit and :class:`ConcurrentReleaseWrite` is
-    raised. Either way at most one write of a release id ever lands. The session's
-    ``spark.databricks.delta.commitInfo.userMetadata``, if set, is recorded as by any write.
+    raised. Either way at most one write of a release id ever lands. The commit's
+    ``userMetadata`` names the release (:func:`release_commit_metadata`); when the session sets
+    ``spark.databricks.delta.commitInfo.userMetadata``, that one is recorded instead, as by any write
+    (the statement's summaries then read the whole table again).
     """
     rows = _release_columns(rows)
     if not rows:
@@ -335,12 +350,39 @@ def write_release(spark: SparkSession, path: str, rows) -> None:
     _append_once(_cells_frame(spark, rows), path, ids.pop())
 
 
-def _append_once(src: DataFrame, path: str, release_id: str) -> None:
-    """The one idempotent append of a release (see :func:`write_release`)."""
-    app_id = f"dp_spark_release:{release_id}"
+#: The key of a release commit's ``userMetadata`` (``{"dp_spark_release": <release id>}``): which
+#: release a commit of the table added, read back from ``DESCRIBE HISTORY`` by the statement's
+#: summaries (:func:`~dp_spark.governance.statement.load_release_summaries`) to read only the
+#: releases added since the last statement.
+RELEASE_COMMIT_KEY = "dp_spark_release"
+_SESSION_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def release_commit_metadata(release_id: str) -> str:
+    """The ``userMetadata`` of the commit that writes ``release_id``."""
+    return json.dumps({RELEASE_COMMIT_KEY: release_id}, sort_keys=True)
+
+
+def committed_release_id(commit: dict[str, Any]) -> Optional[str]:
+    """The release id a commit of ``DESCRIBE HISTORY`` says it wrote (its ``userMetadata``), or None."""
     try:
-        (src.write.format("delta").mode("append")
-         .option("txnAppId", app_id).option("txnVersion", 1).save(path))
+        meta = json.loads(commit.get("userMetadata") or "null")
+    except ValueError:
+        return None
+    rid = meta.get(RELEASE_COMMIT_KEY) if isinstance(meta, dict) and len(meta) == 1 else None
+    return rid if isinstance(rid, str) else None
+
+
+def _append_once(src: DataFrame, path: str, release_id: str) -> None:
+    """The one idempotent append of a release (see :func:`write_release`), its commit's
+    ``userMetadata`` naming the release (:func:`release_commit_metadata`) unless the session
+    sets one (``spark.databricks.delta.commitInfo.userMetadata``: that one is recorded)."""
+    app_id = f"dp_spark_release:{release_id}"
+    w = src.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", 1)
+    if not src.sparkSession.conf.get(_SESSION_USER_METADATA, None):
+        w = w.option("userMetadata", release_commit_metadata(release_id))
+    try:
+        w.save(path)
     except Exception as exc:
         if _is_concurrent_write(exc):
             raise ConcurrentReleaseWrite() from None

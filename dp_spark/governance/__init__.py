@@ -120,7 +120,7 @@ def after_official_releases(spark, *, env: Any, releases: Sequence[tuple[str, ..
     in publication order, versioned in ONE ledger transaction, then one statement per family.
     Returns family -> .md path."""
     from dp_spark.background import alongside
-    from dp_spark.governance.statement import load_release_summaries
+    from dp_spark.governance.statement import load_release_summaries, summary_cache_dir
     from dp_spark.governance.versions import adopt_published, published_path_for, record_publications
 
     families = sorted({r[0] for r in releases})
@@ -132,7 +132,8 @@ def after_official_releases(spark, *, env: Any, releases: Sequence[tuple[str, ..
     def read_summaries() -> None:
         try:
             for f in families:
-                summaries[f] = load_release_summaries(spark, family=f, releases_path=f"{env.output_root}/{f}")
+                summaries[f] = load_release_summaries(spark, family=f, releases_path=f"{env.output_root}/{f}",
+                                                      cache_dir=summary_cache_dir(statement_dir(env)))
         except Exception:
             pass
 

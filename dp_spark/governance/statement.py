@@ -62,6 +62,7 @@ __all__ = [
     "summarise_release_rows",
     "specs_for_family",
     "load_release_summaries",
+    "summary_cache_dir",
     "build_and_write_statement",
     "StatementInconsistentError",
 ]
@@ -913,32 +914,161 @@ def specs_for_family(releases_dir: str | os.PathLike, family: str) -> list[Any]:
     return out
 
 
-def load_release_summaries(spark, *, family: str, releases_path: str) -> list[dict[str, Any]]:
-    """The release summaries of a statement (one per official release of ``family``): they
-    depend on the release table only, not on the version records. One aggregation over the
-    family's rows."""
+#: The release summaries of a family kept between statements (:func:`load_release_summaries`).
+SUMMARY_CACHE_SCHEMA = "dp_spark.release_summaries/1"
+#: The most commits since the cached version that are read from the table's history; more: the whole table is read.
+SUMMARY_CACHE_MAX_COMMITS = 256
+#: The commits read by the first ``DESCRIBE HISTORY`` when there is a cache (most statements
+#: follow one or a few release writes).
+SUMMARY_CACHE_RECENT = 16
+_FIRSTS = ("release_name", "spec_version", "statement_epsilon", "statement_delta", "charge_json", "charge_epsilon",
+           "charge_rho", "budget_id", "privacy_unit", "unit_column", "neighbouring", "bounds_json", "confidence",
+           "parallel_composition", "key_column", "input_table_id", "input_version", "code_version")
+
+
+def _summarise_frame(df) -> list[dict[str, Any]]:
+    """One summary per (release id, family, mode) of the rows of ``df`` (one Spark aggregation)."""
     from pyspark.sql import functions as F
 
-    from dp_spark.delta.release_table import latest_commit
+    agg = df.groupBy("release_id", "release_family", "mode").agg(
+        *[F.first(c).alias(c) for c in _FIRSTS],
+        F.min("created_at").alias("created_at"),
+        F.count(F.lit(1)).alias("cells"),
+        F.sort_array(F.collect_set("mechanism")).alias("mechanisms"),
+        F.sort_array(F.collect_set("statistic")).alias("statistics"),
+        F.sort_array(F.collect_set(F.when(F.col("suppressed"), F.col("key")))).alias("suppressed_keys"),
+    )
+    return [r.asDict() for r in agg.collect()]
 
-    summaries: list[dict[str, Any]] = []
-    if latest_commit(spark, releases_path) is not None:  # a Delta table is there
-        df = spark.read.format("delta").load(releases_path).where(
-            (F.col("release_family") == family) & (F.col("mode") == "official"))
-        firsts = ["release_family", "release_name", "spec_version", "mode", "statement_epsilon", "statement_delta",
-                  "charge_json", "charge_epsilon", "charge_rho", "budget_id", "privacy_unit", "unit_column",
-                  "neighbouring", "bounds_json", "confidence", "parallel_composition", "key_column",
-                  "input_table_id", "input_version", "code_version"]
-        agg = df.groupBy("release_id").agg(
-            *[F.first(c).alias(c) for c in firsts],
-            F.min("created_at").alias("created_at"),
-            F.count(F.lit(1)).alias("cells"),
-            F.sort_array(F.collect_set("mechanism")).alias("mechanisms"),
-            F.sort_array(F.collect_set("statistic")).alias("statistics"),
-            F.sort_array(F.collect_set(F.when(F.col("suppressed"), F.col("key")))).alias("suppressed_keys"),
-        )
-        summaries = [r.asDict() for r in agg.collect()]
-    return summarise_release_rows(summaries)
+
+def summary_cache_dir(statements_dir: str | os.PathLike) -> Path:
+    """Where :func:`load_release_summaries` keeps a family's summaries: ``<statements>/.summaries``
+    (a cache: deleting it costs one read of the whole table at the next statement)."""
+    return Path(statements_dir) / ".summaries"
+
+
+def _cache_file(cache_dir: str | os.PathLike, family: str) -> Path:
+    return Path(cache_dir) / (family + ".json")
+
+
+def _to_json(v: Any) -> Any:
+    return {"$datetime": v.isoformat()} if isinstance(v, datetime) else v
+
+
+def _from_json(v: Any) -> Any:
+    return datetime.fromisoformat(v["$datetime"]) if isinstance(v, dict) and set(v) == {"$datetime"} else v
+
+
+def _read_summary_cache(cache_dir: Optional[str | os.PathLike], family: str) -> Optional[dict[str, Any]]:
+    """The family's cached summaries, or None (no cache, or one that cannot be read: never raises)."""
+    if cache_dir is None:
+        return None
+    try:
+        d = json.loads(_cache_file(cache_dir, family).read_text(encoding="utf-8"))
+        if d.get("schema") != SUMMARY_CACHE_SCHEMA or d.get("family") != family:
+            return None
+        d["version"], d["timestamp"] = int(d["version"]), str(d["timestamp"])
+        d["summaries"] = [{k: _from_json(v) for k, v in x.items()} for x in d["summaries"]]
+        return d
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_summary_cache(cache_dir: Optional[str | os.PathLike], family: str, version: int, timestamp: str,
+                         summaries: list[dict[str, Any]]) -> None:
+    """Keep the summaries of the table at ``version`` (atomically: a temporary file, then a
+    rename; never raises: the cache only saves a read)."""
+    if cache_dir is None:
+        return
+    try:
+        out = _cache_file(cache_dir, family)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"schema": SUMMARY_CACHE_SCHEMA, "family": family, "version": version,
+                           "timestamp": timestamp,
+                           "summaries": [{k: _to_json(v) for k, v in x.items()} for x in summaries]},
+                          sort_keys=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.{id(body)}.part")
+        tmp.write_text(body, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        log.warning("release summaries of %s: the cache could not be written (%s)", family, type(exc).__name__)
+
+
+def _added_releases(commits: list[dict[str, Any]], version: int, timestamp: str,
+                    last: int) -> Optional[dict[str, int]]:
+    """The releases the commits after the cached ``version`` added (release id -> rows), when
+    every one of them is a release write of dp_spark (``WRITE``, its ``userMetadata`` naming the
+    release, its row count in ``operationMetrics``) and the commit at ``version`` is the one the
+    cache saw (same timestamp: not a table dropped and made again); None otherwise."""
+    from dp_spark.delta.release_table import committed_release_id
+
+    if [int(c["version"]) for c in commits] != list(range(version, last + 1)):
+        return None  # the log no longer holds them all (or the table is younger than the cache)
+    if str(commits[0].get("timestamp")) != timestamp:
+        return None
+    added: dict[str, int] = {}
+    for c in commits[1:]:
+        rid = committed_release_id(c)
+        rows = (c.get("operationMetrics") or {}).get("numOutputRows")
+        if c.get("operation") != "WRITE" or rid is None or rows is None:
+            return None
+        added[rid] = added.get(rid, 0) + int(rows)
+    return added
+
+
+def load_release_summaries(spark, *, family: str, releases_path: str,
+                           cache_dir: Optional[str | os.PathLike] = None) -> list[dict[str, Any]]:
+    """The release summaries of a statement (one per official release of ``family``): they
+    depend on the release table only, not on the version records. One aggregation over the
+    family's rows, at one version of the table.
+
+    With ``cache_dir``, the summaries are kept there with the table's version, and the next
+    call reads only what was added since: when every commit after that version is a release
+    write of dp_spark (:func:`~dp_spark.delta.release_table.release_commit_metadata` names its
+    release, Delta's ``numOutputRows`` counts its rows), only the rows of those release ids are
+    aggregated, and each id's row count in the table must equal what its commits added, so a
+    commit that wrote rows of another release is caught. Anything else since (a ``DELETE`` of
+    the retention, an ``OPTIMIZE``, any other writer, a commit the log no longer holds, a table
+    made again) and the whole table is read, as without a cache."""
+    from pyspark.sql import functions as F
+
+    from dp_spark.delta.release_table import recent_commits
+
+    cached = _read_summary_cache(cache_dir, family)
+    # one DESCRIBE HISTORY: the latest version and, with a cache, the commits since it
+    hist = recent_commits(spark, releases_path, 1 if cached is None else SUMMARY_CACHE_RECENT)
+    if not hist:  # no Delta table there
+        return summarise_release_rows([])
+    last, last_ts = int(hist[0]["version"]), str(hist[0].get("timestamp"))
+    df = spark.read.format("delta").option("versionAsOf", last).load(releases_path)
+    added = None
+    if cached is not None and 0 <= last - cached["version"] < SUMMARY_CACHE_MAX_COMMITS:
+        if last - cached["version"] >= len(hist):  # more since than that read: read them all
+            hist = recent_commits(spark, releases_path, last - cached["version"] + 1)
+        chain = sorted((c for c in hist if cached["version"] <= int(c["version"]) <= last),
+                       key=lambda c: int(c["version"]))
+        added = _added_releases(chain, cached["version"], cached["timestamp"], last)
+    if added is None:
+        rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
+        how = "the whole table read"
+    else:
+        read = _summarise_frame(df.where(F.col("release_id").isin(sorted(added)))) if added else []
+        counts: dict[str, int] = {}
+        for r in read:
+            counts[r["release_id"]] = counts.get(r["release_id"], 0) + r["cells"]
+        if counts != added:  # a commit wrote rows of another release id: read everything
+            rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
+            how = "the whole table read (a commit's rows are not its release's)"
+        else:
+            new = {r["release_id"] for r in read}
+            rows = [s for s in cached["summaries"] if s["release_id"] not in new]
+            rows += [r for r in read if r["release_family"] == family and r["mode"] == "official"]
+            how = f"{len(added)} release(s) read, the rest from the cache of version {cached['version']}"
+    rows = [r for r in rows if r["release_family"] == family and r["mode"] == "official"]
+    log.info("release summaries of %s at version %d: %s", family, last, how)
+    summaries = summarise_release_rows(rows)
+    _write_summary_cache(cache_dir, family, last, last_ts, summaries)
+    return summaries
 
 
 REBUILDS = 5
@@ -967,7 +1097,8 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
     pub = history(ledger, family)
     for _attempt in range(REBUILDS):
         if summaries is None:
-            summaries = load_release_summaries(spark, family=family, releases_path=releases_path)
+            summaries = load_release_summaries(spark, family=family, releases_path=releases_path,
+                                               cache_dir=summary_cache_dir(out_dir))
         d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)
         j, m = write_statement(out_dir, d, force=force)
         again = history(ledger, family)
