@@ -255,8 +255,17 @@ def check_release_table(spark: SparkSession, path: str) -> Optional[str]:
     return "ok"
 
 
+#: A new release table collects Delta's file statistics (min, max, nulls) for its first column
+#: only, the release id: every read of the engine (a release, a release's presence, the statement's
+#: summaries of the releases added) selects by release id, and the statistics of the other 31
+#: columns Delta would index by default cost a quarter of a 100k-cell write (docs/performance.md).
+#: Tables made before keep their setting; ``ALTER TABLE ... SET TBLPROPERTIES`` changes it.
+STATS_COLUMNS_PROPERTY, STATS_COLUMNS = "delta.dataSkippingNumIndexedCols", "1"
+
+
 def ensure_release_table(spark: SparkSession, path: str) -> None:
-    """Create the family's table if absent; refuse an existing table with another schema.
+    """Create the family's table if absent (its file statistics on the release id only:
+    :data:`STATS_COLUMNS`); refuse an existing table with another schema.
 
     The engine calls it once the release's charge is reserved, so a refused release (budget
     included) creates no table; it calls :func:`check_release_table` while validating, so a
@@ -274,7 +283,8 @@ def ensure_release_table(spark: SparkSession, path: str) -> None:
         return
     empty = spark.createDataFrame([], RELEASE_SCHEMA)
     try:
-        empty.write.format("delta").mode("ignore").save(path)
+        (empty.write.format("delta").mode("ignore")
+         .option(STATS_COLUMNS_PROPERTY, STATS_COLUMNS).save(path))
     except Exception:
         # A concurrent run created it first: fine if the schema matches.
         if not table_exists(spark, path):

@@ -39,6 +39,18 @@ def test_a_second_write_of_a_release_id_adds_nothing(spark, tmp_path):
     assert W.same_cells(W.read_release(spark, path, "r2"), _rows("r2", 5.0))
 
 
+def test_a_new_release_table_collects_file_statistics_of_the_release_id_only(spark, tmp_path):
+    path = str(tmp_path / "rel")
+    W.ensure_release_table(spark, path)
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    assert props.get(W.STATS_COLUMNS_PROPERTY) == "1" and W.RELEASE_SCHEMA.fields[0].name == "release_id"
+    W.write_release(spark, path, _rows("r1", 1.0))
+    W.write_release(spark, path, _rows("r2", 2.0))
+    # a read by release id still skips the other release's file (with no statistics it reads both)
+    df = spark.read.format("delta").load(path).where("release_id = 'r2'")
+    assert df.count() == 3 and len(df.inputFiles()) == 1
+
+
 def test_same_cells_compares_the_published_numbers():
     a = _rows("r", 1.0)
     assert W.same_cells(a, list(reversed(a)))
