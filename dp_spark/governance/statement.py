@@ -926,19 +926,36 @@ _FIRSTS = ("release_name", "spec_version", "statement_epsilon", "statement_delta
            "parallel_composition", "key_column", "input_table_id", "input_version", "code_version")
 
 
-def _summarise_frame(df) -> list[dict[str, Any]]:
-    """One summary per (release id, family, mode) of the rows of ``df`` (one Spark aggregation)."""
+#: Up to this many releases read by id, a release's fields that are the same in every row of it
+#: (:data:`_FIRSTS`) come from one row of it (a Spark job each) instead of the aggregation
+#: (18 more aggregate buffers per row: half the aggregation's time on 1.8M rows).
+_FIRSTS_BY_ROW = 8
+
+
+def _summarise_frame(df, ids: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+    """One summary per (release id, family, mode) of the rows of ``df`` (one Spark aggregation),
+    or of its rows of the release ids ``ids``."""
     from pyspark.sql import functions as F
 
+    by_row = ids is not None and len(ids) <= _FIRSTS_BY_ROW
+    if ids is not None:
+        df = df.where(F.col("release_id").isin(list(ids)))
     agg = df.groupBy("release_id", "release_family", "mode").agg(
-        *[F.first(c).alias(c) for c in _FIRSTS],
+        *([] if by_row else [F.first(c).alias(c) for c in _FIRSTS]),
         F.min("created_at").alias("created_at"),
         F.count(F.lit(1)).alias("cells"),
         F.sort_array(F.collect_set("mechanism")).alias("mechanisms"),
         F.sort_array(F.collect_set("statistic")).alias("statistics"),
         F.sort_array(F.collect_set(F.when(F.col("suppressed"), F.col("key")))).alias("suppressed_keys"),
     )
-    return [r.asDict() for r in agg.collect()]
+    rows = [r.asDict() for r in agg.collect()]
+    if by_row:
+        firsts: dict[str, dict[str, Any]] = {}
+        for rid in {r["release_id"] for r in rows}:
+            one = df.where(F.col("release_id") == rid).select(*_FIRSTS).limit(1).collect()
+            firsts[rid] = one[0].asDict() if one else {c: None for c in _FIRSTS}
+        rows = [{**r, **firsts[r["release_id"]]} for r in rows]
+    return rows
 
 
 def summary_cache_dir(statements_dir: str | os.PathLike) -> Path:
@@ -1052,7 +1069,7 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
         rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
         how = "the whole table read"
     else:
-        read = _summarise_frame(df.where(F.col("release_id").isin(sorted(added)))) if added else []
+        read = _summarise_frame(df, sorted(added)) if added else []
         counts: dict[str, int] = {}
         for r in read:
             counts[r["release_id"]] = counts.get(r["release_id"], 0) + r["cells"]
