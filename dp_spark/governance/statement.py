@@ -958,6 +958,23 @@ def _summarise_frame(df, ids: Optional[Sequence[str]] = None) -> list[dict[str, 
     return rows
 
 
+#: The release rows' fields a summary reads.
+_ROW_FIELDS = ("release_id", "release_family", "mode", *_FIRSTS, "created_at", "mechanism", "statistic", "suppressed",
+               "key")
+#: Releases added since the cache with at most this many rows in all are summarised from their
+#: rows read to the driver (one Spark job) rather than by a Spark aggregation (a shuffle: two
+#: stages, each with its fixed cost).
+SUMMARY_ROWS_ON_DRIVER = 20_000
+
+
+def _summarise_groups(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`_summarise_frame` of release rows at hand: one summary per (release id, family, mode)."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["release_id"], r["release_family"], r["mode"]), []).append(r)
+    return [s for g in groups.values() for s in summarise_release_rows(g)]
+
+
 def summary_cache_dir(statements_dir: str | os.PathLike) -> Path:
     """Where :func:`load_release_summaries` keeps a family's summaries: ``<statements>/.summaries``
     (a cache: deleting it costs one read of the whole table at the next statement)."""
@@ -1069,7 +1086,14 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
         rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
         how = "the whole table read"
     else:
-        read = _summarise_frame(df, sorted(added)) if added else []
+        ids = sorted(added)
+        if not added:
+            read = []
+        elif sum(added.values()) <= SUMMARY_ROWS_ON_DRIVER:  # a few rows: one read, no aggregation job
+            got = df.where(F.col("release_id").isin(ids)).select(*_ROW_FIELDS).collect()
+            read = _summarise_groups(r.asDict() for r in got)
+        else:
+            read = _summarise_frame(df, ids)
         counts: dict[str, int] = {}
         for r in read:
             counts[r["release_id"]] = counts.get(r["release_id"], 0) + r["cells"]

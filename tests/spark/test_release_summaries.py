@@ -20,6 +20,7 @@ import shutil
 import pytest
 
 from dp_spark.delta import release_table as W
+from dp_spark.governance import statement as st
 from dp_spark.governance.statement import load_release_summaries, summary_cache_dir
 from tests.spark.test_release_writer import _rows
 
@@ -31,6 +32,15 @@ def _release(rid: str, n: int = 3, suppressed: tuple[int, ...] = ()) -> list[dic
     for i in suppressed:
         rows[i]["suppressed"] = True
     return rows
+
+
+@pytest.fixture(params=["rows to the driver", "a Spark aggregation"])
+def way(request, monkeypatch):
+    """The added releases summarised from their rows on the driver (a few rows) or by a Spark
+    aggregation (many): both must agree with the whole read."""
+    if request.param == "a Spark aggregation":
+        monkeypatch.setattr(st, "SUMMARY_ROWS_ON_DRIVER", 0)
+    return request.param
 
 
 @pytest.fixture
@@ -59,7 +69,8 @@ def _by_id(summaries):
     return {s["release_id"]: s for s in summaries}
 
 
-def test_added_releases_are_read_alone_and_agree_with_a_read_of_the_whole_table(spark, table, tmp_path, caplog):
+def test_added_releases_are_read_alone_and_agree_with_a_read_of_the_whole_table(spark, table, tmp_path, caplog,
+                                                                                way):
     cache = summary_cache_dir(tmp_path / "statements")
     first, how = _load(spark, table, cache, caplog)
     assert "the whole table read" in how  # no cache yet
@@ -90,7 +101,7 @@ def test_a_delete_since_the_cache_reads_the_whole_table(spark, table, tmp_path, 
     assert _by_id(after)["r1"]["cells"] == 2 != _by_id(before)["r1"]["cells"]
 
 
-def test_a_commit_that_wrote_rows_of_another_release_than_it_names_is_caught(spark, table, tmp_path, caplog):
+def test_a_commit_that_wrote_rows_of_another_release_than_it_names_is_caught(spark, table, tmp_path, caplog, way):
     cache = summary_cache_dir(tmp_path / "statements")
     _load(spark, table, cache, caplog)
     # a writer that names r9 in its commit but writes rows of r1 (3 more) and of r9
