@@ -993,13 +993,13 @@ def _from_json(v: Any) -> Any:
     return datetime.fromisoformat(v["$datetime"]) if isinstance(v, dict) and set(v) == {"$datetime"} else v
 
 
-def _read_summary_cache(cache_dir: Optional[str | os.PathLike], family: str) -> Optional[dict[str, Any]]:
+def _read_summary_cache(cache_dir: Optional[str | os.PathLike], family: str, table: str) -> Optional[dict[str, Any]]:
     """The family's cached summaries, or None (no cache, or one that cannot be read: never raises)."""
     if cache_dir is None:
         return None
     try:
         d = json.loads(_cache_file(cache_dir, family).read_text(encoding="utf-8"))
-        if d.get("schema") != SUMMARY_CACHE_SCHEMA or d.get("family") != family:
+        if d.get("schema") != SUMMARY_CACHE_SCHEMA or d.get("family") != family or d.get("table") != table:
             return None
         d["version"], d["timestamp"] = int(d["version"]), str(d["timestamp"])
         d["summaries"] = [{k: _from_json(v) for k, v in x.items()} for x in d["summaries"]]
@@ -1008,7 +1008,7 @@ def _read_summary_cache(cache_dir: Optional[str | os.PathLike], family: str) -> 
         return None
 
 
-def _write_summary_cache(cache_dir: Optional[str | os.PathLike], family: str, version: int, timestamp: str,
+def _write_summary_cache(cache_dir: Optional[str | os.PathLike], family: str, table: str, version: int, timestamp: str,
                          summaries: list[dict[str, Any]]) -> None:
     """Keep the summaries of the table at ``version`` (atomically: a temporary file, then a
     rename; never raises: the cache only saves a read)."""
@@ -1017,7 +1017,7 @@ def _write_summary_cache(cache_dir: Optional[str | os.PathLike], family: str, ve
     try:
         out = _cache_file(cache_dir, family)
         out.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"schema": SUMMARY_CACHE_SCHEMA, "family": family, "version": version,
+        body = json.dumps({"schema": SUMMARY_CACHE_SCHEMA, "family": family, "table": table, "version": version,
                            "timestamp": timestamp,
                            "summaries": [{k: _to_json(v) for k, v in x.items()} for x in summaries]},
                           sort_keys=True)
@@ -1068,7 +1068,7 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
 
     from dp_spark.delta.release_table import recent_commits
 
-    cached = _read_summary_cache(cache_dir, family)
+    cached = _read_summary_cache(cache_dir, family, releases_path)
     # one DESCRIBE HISTORY: the latest version and, with a cache, the commits since it
     hist = recent_commits(spark, releases_path, 1 if cached is None else SUMMARY_CACHE_RECENT)
     if not hist:  # no Delta table there
@@ -1108,7 +1108,7 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
     rows = [r for r in rows if r["release_family"] == family and r["mode"] == "official"]
     log.info("release summaries of %s at version %d: %s", family, last, how)
     summaries = summarise_release_rows(rows)
-    _write_summary_cache(cache_dir, family, last, last_ts, summaries)
+    _write_summary_cache(cache_dir, family, releases_path, last, last_ts, summaries)
     return summaries
 
 

@@ -155,3 +155,15 @@ def test_the_release_commit_names_its_release(spark, table):
     commit = W.latest_commit(spark, table)
     assert W.committed_release_id(commit) == "r2"
     assert commit["operation"] == "WRITE" and int(commit["operationMetrics"]["numOutputRows"]) == 5
+
+
+def test_the_cache_of_another_table_of_the_family_is_not_used(spark, table, tmp_path, caplog):
+    cache = summary_cache_dir(tmp_path / "statements")
+    _load(spark, table, cache, caplog)
+    other = str(tmp_path / "elsewhere" / "fam")  # the env's output root moved: the same family, another table
+    W.ensure_release_table(spark, other)
+    W.write_release(spark, other, _release("r1", 3))
+    W.write_release(spark, other, _release("b2", 4))
+    got, how = _load(spark, other, cache, caplog)  # the same version numbers as the cached table's
+    assert how.endswith("the whole table read"), how
+    assert sorted(_by_id(got)) == ["b2", "r1"] and got == _reference(spark, other)
