@@ -1028,17 +1028,18 @@ def _write_summary_cache(cache_dir: Optional[str | os.PathLike], family: str, ta
         log.warning("release summaries of %s: the cache could not be written (%s)", family, type(exc).__name__)
 
 
-def _added_releases(commits: list[dict[str, Any]], version: int, timestamp: str,
+def _added_releases(commits: list[dict[str, Any]], version: int, timestamp: Optional[str],
                     last: int) -> Optional[dict[str, int]]:
     """The releases the commits after the cached ``version`` added (release id -> rows), when
     every one of them is a release write of dp_spark (``WRITE``, its ``userMetadata`` naming the
     release, its row count in ``operationMetrics``) and the commit at ``version`` is the one the
-    cache saw (same timestamp: not a table dropped and made again); None otherwise."""
+    cache saw (same ``timestamp``: not a table dropped and made again; None: the table's
+    creation, see :func:`_empty_creation`); None otherwise."""
     from dp_spark.delta.release_table import committed_release_id
 
     if [int(c["version"]) for c in commits] != list(range(version, last + 1)):
         return None  # the log no longer holds them all (or the table is younger than the cache)
-    if str(commits[0].get("timestamp")) != timestamp:
+    if timestamp is not None and str(commits[0].get("timestamp")) != timestamp:
         return None
     added: dict[str, int] = {}
     for c in commits[1:]:
@@ -1048,6 +1049,18 @@ def _added_releases(commits: list[dict[str, Any]], version: int, timestamp: str,
             return None
         added[rid] = added.get(rid, 0) + int(rows)
     return added
+
+
+def _empty_creation(commit: dict[str, Any]) -> bool:
+    """Is ``commit`` a table's version 0 that wrote no row (how dp_spark creates a release table:
+    :func:`~dp_spark.delta.release_table.ensure_release_table`)? Then the table's summaries are
+    those of the releases its later commits added, as if cached, empty, at its creation."""
+    from dp_spark.delta.release_table import committed_release_id
+
+    metrics = commit.get("operationMetrics") or {}
+    return (int(commit["version"]) == 0 and commit.get("operation") == "WRITE"
+            and committed_release_id(commit) is None
+            and metrics.get("numOutputRows") == "0")
 
 
 def load_release_summaries(spark, *, family: str, releases_path: str,
@@ -1063,18 +1076,22 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
     aggregated, and each id's row count in the table must equal what its commits added, so a
     commit that wrote rows of another release is caught. Anything else since (a ``DELETE`` of
     the retention, an ``OPTIMIZE``, any other writer, a commit the log no longer holds, a table
-    made again) and the whole table is read, as without a cache."""
+    made again) and the whole table is read. Without a cache, a table of at most
+    :data:`SUMMARY_CACHE_RECENT` commits that dp_spark created empty (:func:`_empty_creation`)
+    is read the same way from its creation."""
     from pyspark.sql import functions as F
 
     from dp_spark.delta.release_table import recent_commits
 
     cached = _read_summary_cache(cache_dir, family, releases_path)
-    # one DESCRIBE HISTORY: the latest version and, with a cache, the commits since it
-    hist = recent_commits(spark, releases_path, 1 if cached is None else SUMMARY_CACHE_RECENT)
+    # one DESCRIBE HISTORY: the latest version and the commits since the cached one
+    hist = recent_commits(spark, releases_path, SUMMARY_CACHE_RECENT)
     if not hist:  # no Delta table there
         return summarise_release_rows([])
     last, last_ts = int(hist[0]["version"]), str(hist[0].get("timestamp"))
     df = spark.read.format("delta").option("versionAsOf", last).load(releases_path)
+    if cached is None and _empty_creation(hist[-1]):  # a young table: all its history is at hand
+        cached = {"version": 0, "timestamp": None, "summaries": []}
     added = None
     if cached is not None and 0 <= last - cached["version"] < SUMMARY_CACHE_MAX_COMMITS:
         if last - cached["version"] >= len(hist):  # more since than that read: read them all
@@ -1104,7 +1121,9 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
             new = {r["release_id"] for r in read}
             rows = [s for s in cached["summaries"] if s["release_id"] not in new]
             rows += [r for r in read if r["release_family"] == family and r["mode"] == "official"]
-            how = f"{len(added)} release(s) read, the rest from the cache of version {cached['version']}"
+            how = (f"{len(added)} release(s) read, the rest from the cache of version {cached['version']}"
+                   if cached["timestamp"] is not None else
+                   f"{len(added)} release(s) read (every commit since the table's creation is a release write)")
     rows = [r for r in rows if r["release_family"] == family and r["mode"] == "official"]
     log.info("release summaries of %s at version %d: %s", family, last, how)
     summaries = summarise_release_rows(rows)

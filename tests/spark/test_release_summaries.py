@@ -3,13 +3,14 @@
 ``load_release_summaries`` keeps the summaries with the release table's version (``cache_dir``)
 and, next time, aggregates only the rows of the releases whose commits came after it: each
 release write's commit names its release (``userMetadata``) and Delta counts its rows
-(``numOutputRows``). Every case here compares the result with a read of the whole table
-without a cache (the reference), and checks from the log which way it went: added releases
-read alone; the whole table read again after a DELETE, a commit that wrote rows of another
-release than it names, a session ``userMetadata`` (the commit names no release), a table made
-again at the same path, a damaged cache. A cache that trusted any of those would give summaries
-that differ from the reference (shown for the forged commit and the DELETE: the cached answer
-would miss the rows)."""
+(``numOutputRows``); without a cache, a young table that dp_spark created empty is read the
+same way from its creation. Every case here compares the result with every official row of
+the family summarised on the driver (the reference), and checks from the log which way it
+went: added releases read alone; the whole table read again after a DELETE, a commit that wrote
+rows of another release than it names, a session ``userMetadata`` (the commit names no
+release), a table made again at the same path, another writer's commit or a first commit with
+rows (no cache). A cache that trusted any of those would give summaries that differ from the
+reference (shown for the forged commit and the DELETE: the cached answer would miss the rows)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 
 from dp_spark.delta import release_table as W
 from dp_spark.governance import statement as st
-from dp_spark.governance.statement import load_release_summaries, summary_cache_dir
+from dp_spark.governance.statement import load_release_summaries, summarise_release_rows, summary_cache_dir
 from tests.spark.test_release_writer import _rows
 
 LOGGER = "dp_spark.governance.statement"
@@ -62,7 +63,9 @@ def _load(spark, path, cache, caplog):
 
 
 def _reference(spark, path):
-    return load_release_summaries(spark, family="fam", releases_path=path)
+    """Every official row of the family read and summarised on the driver (no cache, no history)."""
+    rows = spark.read.format("delta").load(path).where("release_family = 'fam' AND mode = 'official'").collect()
+    return summarise_release_rows([r.asDict() for r in rows])
 
 
 def _by_id(summaries):
@@ -73,7 +76,7 @@ def test_added_releases_are_read_alone_and_agree_with_a_read_of_the_whole_table(
                                                                                 way):
     cache = summary_cache_dir(tmp_path / "statements")
     first, how = _load(spark, table, cache, caplog)
-    assert "the whole table read" in how  # no cache yet
+    assert "2 release(s) read (every commit since the table's creation" in how, how  # no cache yet: a young table
     assert first == _reference(spark, table)
     s = _by_id(first)
     assert (s["r1"]["cells"], s["r2"]["cells"], s["r1"]["suppressed_keys"]) == (3, 5, ["k1"])
@@ -146,7 +149,7 @@ def test_a_damaged_cache_reads_the_whole_table(spark, table, tmp_path, caplog, d
     cache.mkdir(parents=True)
     (cache / "fam.json").write_text(damage)
     got, how = _load(spark, table, cache, caplog)
-    assert how.endswith("the whole table read") and got == _reference(spark, table)
+    assert "from the cache" not in how and got == _reference(spark, table)
     _, how = _load(spark, table, cache, caplog)  # rewritten: the next read uses it
     assert "0 release(s) read" in how
 
@@ -165,5 +168,28 @@ def test_the_cache_of_another_table_of_the_family_is_not_used(spark, table, tmp_
     W.write_release(spark, other, _release("r1", 3))
     W.write_release(spark, other, _release("b2", 4))
     got, how = _load(spark, other, cache, caplog)  # the same version numbers as the cached table's
-    assert how.endswith("the whole table read"), how
+    assert "from the cache" not in how, how
     assert sorted(_by_id(got)) == ["b2", "r1"] and got == _reference(spark, other)
+
+
+def test_without_a_cache_a_young_table_dp_spark_made_is_read_by_release_id(spark, table, caplog):
+    got, how = _load(spark, table, None, caplog)
+    assert "2 release(s) read (every commit since the table's creation" in how, how
+    assert got == _reference(spark, table)
+
+
+def test_without_a_cache_a_table_with_another_writers_commit_is_read_whole(spark, table, caplog):
+    # rows of a release r1 (3 more) appended by another writer: its commit names no release
+    spark.createDataFrame(_release("r1", 3), W.RELEASE_SCHEMA).write.format("delta").mode("append").save(table)
+    got, how = _load(spark, table, None, caplog)
+    assert how.endswith("the whole table read"), how
+    assert got == _reference(spark, table) and _by_id(got)["r1"]["cells"] == 6
+
+
+def test_without_a_cache_a_table_not_created_empty_is_read_whole(spark, tmp_path, caplog):
+    path = str(tmp_path / "fam")
+    W.write_release(spark, path, _release("r1", 3))  # its first commit holds rows: not dp_spark's creation
+    W.write_release(spark, path, _release("r2", 2))
+    got, how = _load(spark, path, None, caplog)
+    assert how.endswith("the whole table read"), how
+    assert got == _reference(spark, path)
