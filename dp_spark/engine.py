@@ -640,10 +640,7 @@ class Engine:
                                                 owner, fresh=not reservation.reused)
             committed = self._commit_if_owner(release_id, owner)
             if stored is not None:
-                self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
-                self._record(spec, release_id, version=committed)  # the other run may not have versioned it
-                return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
-                                    note="a concurrent run published it")
+                return self._lost_the_write(spec, release_id, path, stored, charged, committed)
             status = "degraded" if _degraded_from else "published"
             detail = f"degraded from {_degraded_from}" if _degraded_from else ""
             detail = (detail + "; " if detail else "") + "noised on the executors"
@@ -681,13 +678,7 @@ class Engine:
         committed = self._commit_if_owner(release_id, owner)
         if stored is not None:
             del rows  # never written, never shown
-            # another run (which took the reservation over) wrote first: its cells are the
-            # release; ours were never written or shown, and the reservation is charged once
-            # (by this run, if it made the reservation: ``charged`` says so, here and in the audit)
-            self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
-            self._record(spec, release_id, version=committed)  # the other run may not have versioned it
-            return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
-                                note="a concurrent run published it")
+            return self._lost_the_write(spec, release_id, path, stored, charged, committed)
         status = "degraded" if _degraded_from else "published"
         detail = f"degraded from {_degraded_from}" if _degraded_from else ""
         if spec.min_group_size is not None:
@@ -887,6 +878,17 @@ class Engine:
         if not stored:  # cannot happen: a write of this id landed (ours or the winner's)
             raise DpSparkError(f"internal: release {release_id[:12]} was written but no cell is stored")
         return stored
+
+    def _lost_the_write(self, spec, release_id, path, stored, charged, committed: bool) -> ReleaseResult:
+        """Another run (which took the reservation over) wrote first: its cells (``stored``) are
+        the release; ours were never written or shown, and the reservation is charged once (by
+        this run, if it made the reservation: ``charged`` says so, here and in the audit). The
+        version is recorded here too when the entry is committed (the other run may not have
+        versioned it)."""
+        self._audit(spec, "cache_hit", release_id, charged, "concurrent run won the write")
+        self._record(spec, release_id, version=committed)
+        return self._result(spec, release_id, path, "cache_hit", stored, charge=charged,
+                            note="a concurrent run published it")
 
     def _commit_if_owner(self, release_id: str, owner: str) -> bool:
         """Commit the reservation, unless another run owns it now (it took it over). True when

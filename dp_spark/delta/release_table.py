@@ -157,11 +157,8 @@ def latest_commit(spark: SparkSession, path: str) -> Optional[dict[str, Any]]:
     """The latest commit of the Delta table at ``path`` as ``DESCRIBE HISTORY ... LIMIT 1``
     shows it (``version``, ``operation``, ``userMetadata``, ...), or None when there is no
     readable table there. One SQL command; no data is read."""
-    try:
-        rows = spark.sql(f"DESCRIBE HISTORY {_sql_ref(path)} LIMIT 1").collect()
-    except Exception:
-        return None
-    return rows[0].asDict() if rows else None
+    got = recent_commits(spark, path, 1)
+    return got[0] if got else None
 
 
 #: Error conditions meaning "there is no table here" (as opposed to "a table that cannot be read").

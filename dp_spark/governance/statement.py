@@ -967,6 +967,21 @@ _ROW_FIELDS = ("release_id", "release_family", "mode", *_FIRSTS, "created_at", "
 SUMMARY_ROWS_ON_DRIVER = 20_000
 
 
+def _summarise_added(df, added: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The summaries of the release ids ``added`` (id -> rows its commits added) in ``df``: from
+    their rows on the driver when they are few (:data:`SUMMARY_ROWS_ON_DRIVER`), else by
+    :func:`_summarise_frame`."""
+    from pyspark.sql import functions as F
+
+    if not added:
+        return []
+    ids = sorted(added)
+    if sum(added.values()) > SUMMARY_ROWS_ON_DRIVER:
+        return _summarise_frame(df, ids)
+    got = df.where(F.col("release_id").isin(ids)).select(*_ROW_FIELDS).collect()
+    return _summarise_groups(r.asDict() for r in got)
+
+
 def _summarise_groups(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """:func:`_summarise_frame` of release rows at hand: one summary per (release id, family, mode)."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
@@ -1099,31 +1114,22 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
         chain = sorted((c for c in hist if cached["version"] <= int(c["version"]) <= last),
                        key=lambda c: int(c["version"]))
         added = _added_releases(chain, cached["version"], cached["timestamp"], last)
-    if added is None:
-        rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
-        how = "the whole table read"
-    else:
-        ids = sorted(added)
-        if not added:
-            read = []
-        elif sum(added.values()) <= SUMMARY_ROWS_ON_DRIVER:  # a few rows: one read, no aggregation job
-            got = df.where(F.col("release_id").isin(ids)).select(*_ROW_FIELDS).collect()
-            read = _summarise_groups(r.asDict() for r in got)
-        else:
-            read = _summarise_frame(df, ids)
-        counts: dict[str, int] = {}
+    rows: Optional[list[dict[str, Any]]] = None
+    how = "the whole table read"
+    if added is not None:
+        read = _summarise_added(df, added)
+        cells: dict[str, int] = {}
         for r in read:
-            counts[r["release_id"]] = counts.get(r["release_id"], 0) + r["cells"]
-        if counts != added:  # a commit wrote rows of another release id: read everything
-            rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
-            how = "the whole table read (a commit's rows are not its release's)"
-        else:
-            new = {r["release_id"] for r in read}
-            rows = [s for s in cached["summaries"] if s["release_id"] not in new]
-            rows += [r for r in read if r["release_family"] == family and r["mode"] == "official"]
+            cells[r["release_id"]] = cells.get(r["release_id"], 0) + r["cells"]
+        if cells == added:
+            rows = [s for s in cached["summaries"] if s["release_id"] not in added] + read
             how = (f"{len(added)} release(s) read, the rest from the cache of version {cached['version']}"
                    if cached["timestamp"] is not None else
                    f"{len(added)} release(s) read (every commit since the table's creation is a release write)")
+        else:  # a commit wrote rows of another release id: read everything
+            how += " (a commit's rows are not its release's)"
+    if rows is None:
+        rows = _summarise_frame(df.where((F.col("release_family") == family) & (F.col("mode") == "official")))
     rows = [r for r in rows if r["release_family"] == family and r["mode"] == "official"]
     log.info("release summaries of %s at version %d: %s", family, last, how)
     summaries = summarise_release_rows(rows)
