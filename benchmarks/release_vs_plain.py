@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/release_vs_plain.py [--rows 2000000[,20000000]] [--reps 3]
         [--layout time|user] [--case aov|multi|multi_day_region|general|tiny|drift] [--releases 50]
-        [--threads on|compare] [--case cells --cells 1000,100000]
+        [--threads on|compare] [--case cells --cells 1000,100000 [--statistic count|mean]]
 
 ``--rows`` (alias ``--sizes``): rows per dataset, comma separated; 2M by default, 20M opt-in
 (``--rows 2000000,20000000`` also prints the 20M/2M ratio).
@@ -23,7 +23,8 @@ overlaps the next release, the engine is closed once at the end); prints each re
 memory (Python RSS, the driver JVM's RSS and its heap after a full GC, live threads, cached RDDs), then the medians of
 the first 5 and of the last 5 and their ratio. Target: flat (last 5 / first 5 within 1.5x).
 
-``--case cells``: the cost per cell. One ``count`` by day x product (30 days x P products, K = 10
+``--case cells``: the cost per cell. One ``count`` (``--statistic mean``: one mean of the order value
+held to [0, 500], against plain Spark's ``avg`` of the same clamped value) by day x product (30 days x P products, K = 10
 rows per user, no L0 / Linf limit) for each ``--cells`` target (default ``1000,100000``: 33 and
 3,333 products, 990 and 99,990 cells) on ``--rows`` rows (a ``product`` column hashed from the
 event id, one input table per product count), against plain Spark's groupBy(day, product)
@@ -254,6 +255,8 @@ def main() -> int:
                     help="--case tiny: 'compare' alternates repetitions with the background threads on and off")
     ap.add_argument("--cells", default="1000,100000",
                     help="--case cells: target cell counts (day x product), comma separated")
+    ap.add_argument("--statistic", choices=("count", "mean"), default="count",
+                    help="--case cells: the statistic per cell")
     ap.add_argument("--case", choices=("aov", "multi", "multi_day_region", "general", "tiny", "drift", "cells"),
                     default="aov", help="the release measured (see the module docstring)")
     args = ap.parse_args()
@@ -487,7 +490,7 @@ def main() -> int:
 
 
 def _cells_case(args, spark, sizes, work, policies, stages, mem) -> int:
-    """``--case cells`` (module docstring): one count by day x product at each ``--cells``."""
+    """``--case cells`` (module docstring): one count (or mean) by day x product at each ``--cells``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -517,18 +520,23 @@ def _cells_case(args, spark, sizes, work, policies, stages, mem) -> int:
             env = env_from_dict({"name": "bench", "warehouse": str(wh),
                                  "datasets": {"bench_events": str(data)}, "policies": str(policies)},
                                 source="bench", root=work)
+            stat = ({"name": "aov", "kind": "mean", "column": "order_value", "lower": 0, "upper": 500}
+                    if args.statistic == "mean" else {"name": "orders", "kind": "count"})
             spec = {"privacy_unit": {"kind": "user", "column": "user_id"},
                     "group_by": [{"column": "day", "public_keys": {"dates": {"start": "2026-11-01",
                                                                                  "end": "2026-11-30"}}},
                                  {"column": "product", "public_keys": {
                                      "values": [f"p_{i:05d}" for i in range(products)]}}],
                     "bounds": {"max_rows_per_unit": K, "max_partitions_per_unit": cells},
-                    "statistics": [{"name": "orders", "kind": "count"}], "max_cells": cells}
+                    "statistics": [stat], "max_cells": cells}
 
             def plain():
                 df = spark.read.format("delta").load(str(data)).where(F.col("user_id").isNotNull())
                 w = Window.partitionBy("user_id").orderBy("event_id")
                 df = df.withColumn("rn", F.row_number().over(w)).where(F.col("rn") <= K)
+                if args.statistic == "mean":
+                    v = F.least(F.greatest(F.col("order_value"), F.lit(0.0)), F.lit(500.0))
+                    return df.groupBy("day", "product").agg(F.avg(v)).collect()
                 return df.groupBy("day", "product").agg(F.count(F.lit(1))).collect()
 
             def dp(i):
@@ -552,7 +560,7 @@ def _cells_case(args, spark, sizes, work, policies, stages, mem) -> int:
                 print(f"  run {i + 1}: load {loads[-1]:.1f}  plain {ta[-1]:.2f}s  dp_spark {tc[-1]:.2f}s "
                       f"({tc[-1] / ta[-1]:.1f}x)", flush=True)
             a, c = ta[-1], tc[-1]
-            print(f"case=cells rows={n:,} cells={cells:,} ({products} products x {days} days), run {args.reps} of "
+            print(f"case=cells statistic={args.statistic} rows={n:,} cells={cells:,} ({products} products x {days} days), run {args.reps} of "
                   f"{args.reps}, load average {loads[-1]:.1f}: plain groupBy + {K}-row cap {a:.2f}s  dp_spark whole "
                   f"release {c:.2f}s  ratio {c / a:.2f}", flush=True)
             stages.report(f"cells={cells:,}, last run", last=1)

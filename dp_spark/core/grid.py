@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from numbers import Rational
-from typing import Union
+from typing import Optional, Union
 
 from dp_spark.errors import InvalidBoundsError
 
 __all__ = [
+    "EXACT_INT",
+    "dyadic",
     "GRID_DEFAULT_EXPONENT",
     "GRID_FINEST_EXPONENT",
     "grid_exponent_for",
@@ -114,3 +116,16 @@ def on_grid(value: Real, k: int) -> bool:
     k = _check_k(k)
     v = _exact(value, "value") * (1 << -k)
     return v.denominator == 1
+
+
+#: integers of magnitude below this are exact doubles
+EXACT_INT = 2**53
+
+
+def dyadic(x: Real) -> Optional[tuple[int, int]]:
+    """``x`` as (m, e) with x = m 2^e exactly, or None when its denominator is not a power of 2."""
+    x = Fraction(x)
+    d = x.denominator
+    if d & (d - 1):
+        return None
+    return x.numerator, -(d.bit_length() - 1)

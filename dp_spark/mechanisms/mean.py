@@ -30,6 +30,7 @@ from typing import Optional, Union
 import numpy as np
 
 from dp_spark.core.budget import PureDP, ZCDP
+from dp_spark.core.grid import EXACT_INT, dyadic
 from dp_spark.errors import ConfigError, InvalidBoundsError, MeasureMismatchError
 from dp_spark.core.units import Aggregate, ContributionBounds, as_relation, sensitivity
 
@@ -42,6 +43,7 @@ __all__ = [
     "mean_interval",
     "mean_interval_large_count",
     "mean_error_quantile",
+    "mean_error_quantiles",
     "mean_expected_abs_error",
     "mean_cell_accuracy",
     "noise_tail_halfwidth",
@@ -446,14 +448,21 @@ def _sum_cdf(mechanism: str, scale: float, j: np.ndarray) -> np.ndarray:
     return special.ndtr((j + 0.5) / scale)
 
 
-def _linear_coverage(h: float, d: float, mechanism: str, t_s: float, u: float, t_c: float) -> float:
-    """P(|u X_S - d X_C| <= h)."""
+def _linear_coverage(h: np.ndarray, d: np.ndarray, mechanism: str, t_s: float, u: float, t_c: float) -> np.ndarray:
+    """P(|u X_S - d X_C| <= h) for each (h, d) of two equal-length vectors. Each cell's sum over
+    the count's support is one row of a C-ordered array reduced along that row (numpy's pairwise
+    summation of a contiguous row: its order depends on the row's length only), so a cell's
+    coverage has the same bits whichever cells it is computed with."""
     c, p = _count_law(mechanism, t_c)
-    shift = d * c
-    hi = np.floor((shift + h) / u)
-    lo = np.ceil((shift - h) / u) - 1.0
+    shift = d[:, None] * c[None, :]
+    hi = np.floor((shift + h[:, None]) / u)
+    lo = np.ceil((shift - h[:, None]) / u) - 1.0
     inside = _sum_cdf(mechanism, t_s, hi) - _sum_cdf(mechanism, t_s, lo)
-    return float(np.dot(p, np.clip(inside, 0.0, 1.0)))
+    return np.add.reduce(np.clip(inside, 0.0, 1.0) * p[None, :], axis=1)
+
+
+#: cells x count-support points per block of the vectorised bisection (memory: ~8 arrays of this)
+_QUANTILE_BLOCK = 1 << 18
 
 
 def mean_error_quantile(alpha, deviation, *, mechanism: str, sum_scale, sum_unit, count_scale) -> float:
@@ -464,32 +473,54 @@ def mean_error_quantile(alpha, deviation, *, mechanism: str, sum_scale, sum_unit
     bisection's 1e-7 relative tolerance (from above): the count noise enumerated, the sum
     noise's CDF exact (closed form for the Laplace; the Gaussian's summed pmf, or its
     midpoint rule above sigma = 4096). At d = 0 it is u times the sum's exact half-width.
+    One cell of :func:`mean_error_quantiles` (the one implementation).
     """
+    d = float(deviation)
+    if not math.isfinite(d):
+        raise ConfigError("deviation must be finite")
+    return float(mean_error_quantiles(alpha, np.array([d]), mechanism=mechanism, sum_scale=sum_scale,
+                                      sum_unit=sum_unit, count_scale=count_scale)[0])
+
+
+def mean_error_quantiles(alpha, deviations, *, mechanism: str, sum_scale, sum_unit, count_scale) -> np.ndarray:
+    """:func:`mean_error_quantile` for every d of the vector ``deviations`` at once: each cell
+    runs the same bisection (the same start, the same doublings, the same midpoints, stopping
+    at the same relative tolerance) as it would alone, the cells still running stepped
+    together, in blocks of :data:`_QUANTILE_BLOCK` cells x support points. A cell's result does
+    not depend on the other cells (:func:`_linear_coverage`)."""
     a = float(alpha)
     if not (0 < a < 1):
         raise ConfigError("alpha must be in (0, 1)")
     mech, t_s, u, t_c = _law_inputs(mechanism, sum_scale, sum_unit, count_scale)
-    d = abs(float(deviation))
-    if not math.isfinite(d):
+    d_all = np.abs(np.asarray(deviations, dtype=np.float64).reshape(-1))
+    if not bool(np.all(np.isfinite(d_all))):
         raise ConfigError("deviation must be finite")
     from dp_spark.mechanisms import accuracy
 
     target = 1.0 - a
-    if _linear_coverage(0.0, d, mech, t_s, u, t_c) >= target:
-        return 0.0
-    # union bound: each noise within its alpha/2 half-width covers with >= 1 - alpha
-    hi = u * accuracy.noise_halfwidth(mech, t_s, a / 2) + d * accuracy.noise_halfwidth(mech, t_c, a / 2)
-    hi = max(hi, u)
-    while _linear_coverage(hi, d, mech, t_s, u, t_c) < target:  # float safety
-        hi *= 2.0
-    lo = 0.0
-    while hi - lo > 1e-7 * hi:
-        mid = (lo + hi) / 2.0
-        if _linear_coverage(mid, d, mech, t_s, u, t_c) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    h_s, h_c = accuracy.noise_halfwidth(mech, t_s, a / 2), accuracy.noise_halfwidth(mech, t_c, a / 2)
+    out = np.empty(d_all.size, dtype=np.float64)
+    block = max(1, _QUANTILE_BLOCK // len(_count_law(mech, t_c)[0]))
+    for start in range(0, d_all.size, block):
+        d = d_all[start:start + block]
+        zero = _linear_coverage(np.zeros_like(d), d, mech, t_s, u, t_c) >= target
+        # union bound: each noise within its alpha/2 half-width covers with >= 1 - alpha
+        hi = np.maximum(u * h_s + d * h_c, u)
+        lo = np.zeros_like(d)
+        todo = np.flatnonzero(~zero)
+        while todo.size:  # float safety
+            low = _linear_coverage(hi[todo], d[todo], mech, t_s, u, t_c) < target
+            todo = todo[low]
+            hi[todo] *= 2.0
+        todo = np.flatnonzero(~zero & (hi - lo > 1e-7 * hi))
+        while todo.size:
+            mid = (lo[todo] + hi[todo]) / 2.0
+            ok = _linear_coverage(mid, d[todo], mech, t_s, u, t_c) >= target
+            hi[todo] = np.where(ok, mid, hi[todo])
+            lo[todo] = np.where(ok, lo[todo], mid)
+            todo = todo[hi[todo] - lo[todo] > 1e-7 * hi[todo]]
+        out[start:start + d.size] = np.where(zero, 0.0, hi)
+    return out
 
 
 def _mean_abs_deviation(mechanism: str, scale: float, m: np.ndarray) -> np.ndarray:
@@ -600,3 +631,118 @@ def mean_cell_accuracy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_
             sum_halfwidth=accuracy.noise_halfwidth(mech, sum_scale, a / 2) * unit,
             count_halfwidth=Fraction(accuracy.noise_halfwidth(mech, count_scale, a / 2)))
     return {"value": value, "ci_low": interval[0], "ci_high": interval[1]}
+
+
+# --- the same, over a vector of cells ------------------------------------------------------
+def _ratio_floats(num, den, e: int, low: int, high: int) -> np.ndarray:
+    """float(clamp(num / den, low, high) 2^e) per cell, each correctly rounded as the exact
+    Fraction's float is: ``num`` (integers), ``den`` (integers >= 1), ``low`` <= ``high``
+    integers, all in units of 2^e. int64 numpy vectors when every product is below 2^53 (one
+    IEEE division of exact operands is correctly rounded, and the power of two is exact), else
+    Python integers (int / int is correctly rounded at any size). The clamp commutes with the
+    rounding: the bounds are exact and rounding is monotone. NaN where ``den`` <= 0 (cells the
+    caller replaces)."""
+    num, den = np.asarray(num, dtype=object if isinstance(num, list) else None), np.asarray(den)
+    if num.dtype == np.int64 and den.dtype == np.int64 and (num.size == 0 or (
+            int(np.abs(num).max()) < EXACT_INT and int(den.max()) < EXACT_INT)):
+        with np.errstate(divide="ignore", invalid="ignore"):  # den 0: a cell the caller replaces
+            q = np.ldexp(num.astype(np.float64) / den.astype(np.float64), e)
+        return np.clip(q, math.ldexp(low, e), math.ldexp(high, e))
+    scale = 1 << -e if e < 0 else None
+    out = []
+    for n_, d_ in zip(num.tolist(), den.tolist()):
+        n_, d_ = int(n_), int(d_)
+        if d_ <= 0:  # a cell the caller replaces
+            out.append(math.nan)
+            continue
+        n_ = min(max(n_, low * d_), high * d_)
+        out.append(n_ / (d_ * scale) if scale else (n_ << e) / d_)
+    return np.array(out, dtype=np.float64)
+
+
+def mean_cell_accuracy_columns(grid_sum, grid_count, sum_exponent: int, midpoint, lower, upper, min_count,
+                               alpha, *, mechanism: str, sum_scale, count_scale) -> Optional[dict]:
+    """:func:`mean_cell_accuracy` over every cell at once: ``grid_sum`` and ``grid_count`` the
+    noisy normalised sums (grid units 2^``sum_exponent``) and noisy counts (integers), int64
+    vectors. Returns ``value``, ``ci_low`` and ``ci_high`` as float64 vectors equal, bit for
+    bit, to the floats of the per-cell Fractions (tests/unit/test_vector_noise.py): every
+    quantity is a ratio of integers in units of one power of two, rounded once
+    (:func:`_ratio_floats`), and the large-count half-width is the same bisection
+    (:func:`mean_error_quantiles`). None (the caller's per-cell path) for a midpoint or bounds
+    that are not dyadic rationals, a fractional floor, or vectors that are not int64."""
+    from dp_spark.mechanisms import accuracy
+
+    mech = _law_inputs(mechanism, sum_scale, Fraction(2) ** int(sum_exponent), count_scale)[0]
+    a = float(alpha)
+    if not (0 < a < 1):
+        raise ConfigError("alpha must be in (0, 1)")
+    s = np.asarray(grid_sum)
+    c = np.asarray(grid_count)
+    maybe = [dyadic(x) for x in (midpoint, lower, upper)]
+    parts = [x for x in maybe if x is not None]
+    floor = _floor_value(min_count)
+    if (len(parts) != 3 or s.dtype != np.int64 or c.dtype != np.int64 or floor.denominator != 1
+            or _exact(lower, "lower") > _exact(upper, "upper") or s.shape != c.shape):
+        return None
+    if s.size and max(int(np.abs(s).max()), int(np.abs(c).max())) >= 2**62:
+        return None
+    k = int(sum_exponent)
+    e = min(k, *(p[1] for p in parts))
+    mid, lo_b, hi_b = (m << (x - e) for m, x in parts)
+    shift = k - e
+    flo = int(floor)
+    n = np.maximum(c, flo)
+    h_s = int(accuracy.noise_halfwidth(mech, sum_scale, a / 2)) << shift
+    h_c = int(accuracy.noise_halfwidth(mech, count_scale, a / 2))
+    wide = bool(s.size) and ((int(np.abs(s).max()) << shift) + h_s + abs(mid) * (int(n.max()) + h_c)) >= 2**62
+
+    def scaled(v):  # grid integers -> units of 2^e (Python ints when int64 could overflow)
+        return [int(x) << shift for x in v.tolist()] if wide else v << shift
+
+    def plus_mid(num, den):  # mid + num/den, over den (units of 2^e)
+        if wide:
+            return [x + mid * int(y) for x, y in zip(num, den.tolist())]
+        return num + mid * den
+
+    s_e = scaled(s)
+    point_num = plus_mid(s_e, n)
+    value = _ratio_floats(point_num, n, e, lo_b, hi_b)
+    # the union bound (mean_interval) at the noises' exact alpha/2 half-widths
+    c_lo = np.maximum(c - h_c, 1)
+    c_hi = c + h_c
+    if wide:
+        s_lo = [x - h_s for x in s_e]
+        s_hi = [x + h_s for x in s_e]
+        den_min = np.array([up if x >= 0 else dn for x, up, dn in zip(s_lo, c_hi.tolist(), c_lo.tolist())], dtype=np.int64)
+        den_max = np.array([dn if x >= 0 else up for x, up, dn in zip(s_hi, c_hi.tolist(), c_lo.tolist())], dtype=np.int64)
+    else:
+        s_lo, s_hi = s_e - h_s, s_e + h_s
+        den_min = np.where(s_lo >= 0, c_hi, c_lo)
+        den_max = np.where(s_hi >= 0, c_lo, c_hi)
+    lo = _ratio_floats(plus_mid(s_lo, den_min), den_min, e, lo_b, hi_b)
+    hi = _ratio_floats(plus_mid(s_hi, den_max), den_max, e, lo_b, hi_b)
+    none = c_hi < c_lo  # no integer count >= 1 is consistent: the bounds
+    lo = np.where(none, math.ldexp(lo_b, e), lo)
+    hi = np.where(none, math.ldexp(hi_b, e), hi)
+    lo, hi = np.minimum(lo, value), np.maximum(hi, value)
+    # the large-count interval (mean_interval_large_count) where the count is large
+    g = int(accuracy.noise_halfwidth(mech, count_scale, min(a, _GUARD_ALPHA)))
+    large = np.flatnonzero((c - g >= max(flo, 1)) & (g * 10 <= c))
+    if large.size:
+        p_num = [point_num[i] for i in large.tolist()] if wide else point_num[large].tolist()
+        n_l = n[large].tolist()
+        p_num = [min(max(int(x), lo_b * y), hi_b * y) for x, y in zip(p_num, n_l)]  # the clamped point
+        dev = _ratio_floats([x - mid * y for x, y in zip(p_num, n_l)], n[large], e, lo_b - mid, hi_b - mid)
+        q = mean_error_quantiles(a, dev, mechanism=mech, sum_scale=sum_scale, sum_unit=Fraction(2) ** k,
+                                 count_scale=count_scale)
+        low_f, high_f = math.ldexp(lo_b, e), math.ldexp(hi_b, e)
+        for i, pn, y, qq in zip(large.tolist(), p_num, n_l, q.tolist()):
+            qn, qd = qq.as_integer_ratio()  # qd a power of two
+            # point -/+ q / n = (pn qd 2^e -/+ qn) / (qd n), over (qd n 2^-e) when e < 0
+            if e < 0:
+                top, den, qn_e = pn * qd, (qd * y) << -e, qn << -e
+            else:
+                top, den, qn_e = (pn << e) * qd, qd * y, qn
+            lo[i] = min(max((top - qn_e) / den, low_f), high_f)
+            hi[i] = max(min((top + qn_e) / den, high_f), low_f)
+    return {"value": value, "ci_low": lo, "ci_high": hi}

@@ -152,7 +152,8 @@ class StatisticKind:
         has no vectorised form: ``grids[c]``, each component's noisy values on its grid, a
         numpy integer vector (``width`` entries per cell). Returns ``value``, ``ci_low`` and
         ``ci_high`` as float64 vectors, the other fields of :meth:`finish` as one value each
-        (they do not depend on the cell); equal to :meth:`finish` cell by cell."""
+        when they do not depend on the cell, else as float64 vectors too (a mean's error
+        figures); equal to :meth:`finish` cell by cell."""
         return None
 
 

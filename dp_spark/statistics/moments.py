@@ -38,7 +38,8 @@ of the PUBLISHED value, computed from published values and noise parameters only
 exact for the noise(s) (E|u X_S + mid X_C| summed over the count's pmf; the Gaussian's E|.| at
 its exact sd), public. ``mean`` and ``variance``: the estimator's error computed at a plug-in
 truth (the released values) over the noises' discretised laws
-(:func:`dp_spark.statistics.noise.plugin_error`): every floor and clamp of the estimator is in
+(:func:`dp_spark.statistics.noise.plugin_error`; the mean's from prefix sums of the same nodes,
+:func:`mean_error_columns`): every floor and clamp of the estimator is in
 it, so the figure never exceeds the value's range (before: a mean held to [0, 500] reported
 1,708), and the ratio's curvature too. ``stddev``: the plug-in truth fails where the noise
 dominates (the variance is released as 0 in 20-40% of the cells of 10-20 units, the plug-in
@@ -71,7 +72,8 @@ from pydantic import Field, model_validator
 
 import numpy as np
 
-from dp_spark.mechanisms.mean import mean_cell_accuracy, mean_error_quantile, mean_expected_abs_error
+from dp_spark.mechanisms.mean import (mean_cell_accuracy, mean_cell_accuracy_columns, mean_error_quantile,
+                                     mean_expected_abs_error)
 from dp_spark.core.fields import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
@@ -170,16 +172,68 @@ _MEAN_NODES, _SPREAD_NODES = 80, 32
 @functools.lru_cache(maxsize=256)
 def mean_error(value: float, count: float, clamp, floor: int, count_plan, sum_plan) -> tuple[float, float]:
     """(E|error|, root-mean-square error) of the published mean (floored, clamped) at the
-    plug-in truth: mean = ``value``, rows = max(``count``, floor) (module docstring).
-    Memoised: a cell's figures do not depend on the level."""
+    plug-in truth: mean = ``value``, rows = max(``count``, floor) (module docstring). One cell
+    of :func:`mean_error_columns` (the one implementation). Memoised: a cell's figures do not
+    depend on the level."""
+    e, r = mean_error_columns(np.array([float(value)]), np.array([float(count)]), clamp, floor, count_plan, sum_plan)
+    return float(e[0]), float(r[0])
+
+
+def mean_error_columns(values: np.ndarray, counts: np.ndarray, clamp, floor: int, count_plan, sum_plan
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(E|error|, root-mean-square error) of the published mean for each cell (float64 vectors
+    of the published means and noisy counts): the estimator clamp(mid + (S + e_S) / max(n + e_C,
+    floor), L, U) at the plug-in truth (mean = value, n = max(count, floor), S = (value - mid) n)
+    over the two noises' discretised laws (:func:`~dp_spark.statistics.noise.law_nodes`, the sum's
+    nodes sorted). For each count node the estimate is a clamped line in the sum's noise, so its
+    error is a constant below one threshold (L - value), above another (U - value) and linear in
+    between, changing sign once: E|error| and E error^2 over the sum's nodes are sums of
+    prefix sums (mass, first and second moment of the nodes) at three indices found by binary
+    search, instead of the estimate at every pair of nodes. Equal to that product-grid sum up to
+    rounding (tests/unit/test_mean_accuracy.py). Each cell's sum over the count's nodes is
+    one row reduced along itself: its bits do not depend on the other cells."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    counts = np.asarray(counts, dtype=np.float64).reshape(-1)
+    laws = law_nodes(count_plan, _MEAN_NODES), law_nodes(sum_plan, _MEAN_NODES)
+    expected, rms = np.empty(values.size), np.empty(values.size)
+    for i in range(0, values.size, _MEAN_BLOCK):  # bounded memory: ~20 arrays of block x nodes
+        part = slice(i, i + _MEAN_BLOCK)
+        expected[part], rms[part] = _mean_error_block(values[part], counts[part], clamp, float(floor), *laws)
+    return expected, rms
+
+
+#: cells per block of :func:`mean_error_columns`
+_MEAN_BLOCK = 4096
+
+
+def _mean_error_block(values, counts, clamp, floor: float, count_law, sum_law):
     mid, lo, hi = float(clamp.midpoint), float(clamp.lower), float(clamp.upper)
-    n = max(count, float(floor))
-    s_hat = (value - mid) * n
-
-    def estimate(e_c, e_s):
-        return np.clip(mid + (s_hat + e_s) / np.maximum(n + e_c, floor), lo, hi)
-
-    return plugin_error(estimate, value, [law_nodes(count_plan, _MEAN_NODES), law_nodes(sum_plan, _MEAN_NODES)])
+    xc, pc = count_law
+    ys, ps = sum_law
+    mass = np.concatenate([[0.0], np.cumsum(ps)])
+    first = np.concatenate([[0.0], np.cumsum(ps * ys)])
+    second = np.concatenate([[0.0], np.cumsum(ps * ys * ys)])
+    total = mass[-1]
+    v = values[:, None]
+    n = np.maximum(counts, floor)[:, None]
+    s_hat = (v - mid) * n
+    d = np.maximum(n + xc[None, :], floor)  # cells x count nodes
+    b = mid + s_hat / d - v  # the error at the sum's noise 0, before the clamps
+    i_lo = np.searchsorted(ys, ((lo - mid) * d - s_hat).ravel(), side="right").reshape(d.shape)
+    i_hi = np.maximum(np.searchsorted(ys, ((hi - mid) * d - s_hat).ravel(), side="left").reshape(d.shape), i_lo)
+    i_0 = np.clip(np.searchsorted(ys, ((v - mid) * d - s_hat).ravel(), side="left").reshape(d.shape), i_lo, i_hi)
+    below, above = v - lo, hi - v  # |error| where the estimate is clamped at L, at U
+    m_lo, m_0, m_hi = mass[i_lo], mass[i_0], mass[i_hi]
+    f_lo, f_0, f_hi = first[i_lo], first[i_0], first[i_hi]
+    neg = np.maximum(-(b * (m_0 - m_lo) + (f_0 - f_lo) / d), 0.0)
+    pos = np.maximum(b * (m_hi - m_0) + (f_hi - f_0) / d, 0.0)
+    abs_j = below * m_lo + above * (total - m_hi) + neg + pos
+    sq_j = (below * below * m_lo + above * above * (total - m_hi)
+            + np.maximum(b * b * (m_hi - m_lo) + 2 * b * (f_hi - f_lo) / d + (second[i_hi] - second[i_lo]) / (d * d),
+                         0.0))
+    expected = np.add.reduce(abs_j * pc[None, :], axis=1)
+    rms = np.sqrt(np.add.reduce(sq_j * pc[None, :], axis=1))
+    return expected, rms
 
 
 def _variance(c, s, q, w: float, floor: float):
@@ -320,6 +374,27 @@ class Mean(StatisticKind):
                                  sum_scale=ps.scale, sum_unit=ps.grid_unit, count_scale=pc.scale)
         expected, rms = mean_error(float(out["value"]), float(noisy[rows]), cl, floor, pc, ps)
         return cell(out["value"], out["ci_low"], out["ci_high"], plan=ps, sd=rms, expected=expected)
+
+    def finish_columns(self, stat, grids, plans, alpha):
+        """:meth:`finish` over every cell: the value and interval of
+        :func:`~dp_spark.mechanisms.mean.mean_cell_accuracy_columns` (the per-cell Fractions'
+        floats, bit for bit), the error figures of :func:`mean_error_columns` (what
+        :func:`mean_error` computes for one cell); each cell's own figures, so they are
+        columns too."""
+        rows, nsum = self.components(stat, rows_shared=True)
+        pc, ps = plans[rows], plans[nsum]
+        cl = stat.clamp
+        floor = stat.option("min_count")
+        out = mean_cell_accuracy_columns(grids[nsum], grids[rows], ps.grid_exponent, cl.midpoint, cl.lower, cl.upper,
+                                         floor, alpha, mechanism=ps.mechanism, sum_scale=ps.scale,
+                                         count_scale=pc.scale)
+        if out is None or int(pc.grid_exponent) != 0:
+            return None
+        expected, rms = mean_error_columns(out["value"], grids[rows].astype(np.float64), cl, floor, pc, ps)
+        fixed = cell(0, 0, 0, plan=ps, sd=0.0, expected=0.0)
+        for f in ("value", "ci_low", "ci_high", "noise_stddev", "expected_abs_error"):
+            del fixed[f]
+        return {**out, "noise_stddev": rms, "expected_abs_error": expected, **fixed}
 
 
 @register

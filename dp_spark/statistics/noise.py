@@ -14,6 +14,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from dp_spark.core.grid import EXACT_INT, dyadic
+
 
 def halfwidth(plan, alpha: Fraction) -> Fraction:
     """Exact (1 - alpha) half-width of one entry's noise, real units."""
@@ -174,9 +176,6 @@ def count_cell(noisy: Fraction, plan, alpha: Fraction) -> dict[str, Any]:
                 expected=expected_abs(plan))
 
 
-_EXACT_INT = 2**53  # integers below this are exact doubles
-
-
 def interval_columns(grid, plan, alpha: Fraction, *, at_least_zero: bool) -> Optional[dict[str, Any]]:
     """Vectorised :func:`count_cell` (``at_least_zero``) or the plain interval of a one-component
     sum: the noisy grid integers ``grid`` (numpy), value and exact (1 - alpha) noise interval
@@ -187,7 +186,7 @@ def interval_columns(grid, plan, alpha: Fraction, *, at_least_zero: bool) -> Opt
     k = int(plan.grid_exponent)
     if grid.dtype != np.int64 or k < -900:
         return None
-    if grid.size and (int(grid.max()) + h >= _EXACT_INT or int(grid.min()) - h <= -_EXACT_INT):
+    if grid.size and (int(grid.max()) + h >= EXACT_INT or int(grid.min()) - h <= -EXACT_INT):
         return None
     v, lo, hi = grid, grid - h, grid + h
     if at_least_zero:
@@ -199,15 +198,6 @@ def interval_columns(grid, plan, alpha: Fraction, *, at_least_zero: bool) -> Opt
     return {**out, **fixed}
 
 
-def _dyadic(x: Fraction) -> Optional[tuple[int, int]]:
-    """``x`` as (m, e) with x = m 2^e exactly, or None when its denominator is not a power of 2."""
-    x = Fraction(x)
-    d = x.denominator
-    if d & (d - 1):
-        return None
-    return x.numerator, -(d.bit_length() - 1)
-
-
 def shared_sum_columns(grid_sum, grid_rows, plan_sum, plan_rows, mid: Fraction, h: Fraction, *,
                        sd: float, expected: float) -> Optional[dict[str, Any]]:
     """Vectorised value and interval of a sum released from the normalised sum and the shared
@@ -217,7 +207,7 @@ def shared_sum_columns(grid_sum, grid_rows, plan_sum, plan_rows, mid: Fraction, 
     correctly rounded quotient (Python's int / int), with no Fraction per cell. None (per-cell
     path) for a midpoint or half-width that is not dyadic (a spec's bounds are snapped to the
     grid: only a direct call has one)."""
-    m, h_ = _dyadic(mid), _dyadic(h)
+    m, h_ = dyadic(mid), dyadic(h)
     if m is None or h_ is None:
         return None
     k_s, k_r = int(plan_sum.grid_exponent), int(plan_rows.grid_exponent)

@@ -236,7 +236,7 @@ class QueryPlan:
         vectors (:func:`~dp_spark.mechanisms.release.add_noise_array`: the same draws, in the
         same order, as one ``source`` call per component), and a kind with a vectorised
         post-processing (:meth:`~dp_spark.statistics.base.StatisticKind.finish_columns`: count,
-        distinct_units, sum) computes its values and intervals as float64 vectors, equal to
+        distinct_units, sum, mean) computes its values and intervals as float64 vectors, equal to
         its per-cell ``finish`` (exact integers times a power of two). The other kinds, and
         values beyond 2^53 grid units, take the per-cell ``finish`` on exact Fractions.
 
@@ -303,7 +303,8 @@ class QueryPlan:
             if cols is not None:
                 for f in ("value", "ci_low", "ci_high"):
                     fields[f] = cols.pop(f)
-                fields.update({f: Const(v) for f, v in cols.items()})
+                # a field that differs by cell (a mean's error figures) is a vector too
+                fields.update({f: v if isinstance(v, np.ndarray) else Const(v) for f, v in cols.items()})
                 if band_alpha is not None:
                     band = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, band_alpha)
                     if band is None:  # the same grids as the intervals': a vectorised form for both
