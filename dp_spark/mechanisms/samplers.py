@@ -47,7 +47,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from fractions import Fraction
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -307,21 +307,31 @@ def float_at_least(frac: Fraction, name: str) -> float:
 class OpenDPNoiseSource(NoiseSource):
     """Production noise: OpenDP 0.16's exact vector samplers on the OS CSPRNG. No seed.
 
-    One call draws n values with one OpenDP invocation on a zero vector of ``i64``.
-    Measurements are cached per (kind, float scale); the domain is unsized so n does not
-    enter the cache key.
+    One call draws n values with OpenDP invocations on zero vectors of ``i64``: one, or, for
+    n of at least 2 x :data:`PARALLEL_MIN` draws, one per slice of n on up to ``threads``
+    threads at once (default: the CPUs this process may run on, at most 8). OpenDP's samplers
+    run outside the GIL, each invocation draws its slice i.i.d. from the OS CSPRNG, and the
+    slices are concatenated in order, so the vector has the law of one invocation's. Measurements
+    are cached per (kind, float scale); the domain is unsized so n does not enter the cache key.
     """
 
     name = "opendp"
     _CACHE_SIZE = 64
+    #: the fewest draws a thread of one call is given
+    PARALLEL_MIN = 1 << 14
 
-    def __init__(self) -> None:
+    def __init__(self, threads: Optional[int] = None) -> None:
         import opendp.prelude as dp  # local: keeps import of the package cheap
 
         dp.enable_features("contrib")  # see docs/noise.md: samplers vetted, map not relied on
         self._dp = dp
         self._cache: OrderedDict[tuple[str, float], Any] = OrderedDict()
         self._lock = threading.Lock()
+        if threads is None:
+            threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError("threads must be a positive integer")
+        self.threads = threads
 
     def __getstate__(self) -> dict:
         # shipped to executors (executor-side noise) without its cache, lock or module: each
@@ -350,13 +360,30 @@ class OpenDPNoiseSource(NoiseSource):
                 self._cache.popitem(last=False)
         return meas
 
-    def _vector(self, kind: str, scale: float, n: int) -> list[int]:
-        # A zero int64 ndarray takes OpenDP's buffer path (no per-element Python checks);
-        # numpy is used for the zeros only, never for randomness.
-        out = list(self._measurement(kind, scale)(np.zeros(n, dtype=np.int64)))
-        if len(out) != n:  # defensive: never release a short vector
+    def _invoke(self, kind: str, scale: float, n: int) -> np.ndarray:
+        """n draws as an int64 array: OpenDP on zero vectors (its buffer path, no per-element
+        Python checks; numpy makes the zeros only, never randomness), sliced over threads when
+        n is large (class docstring)."""
+        meas = self._measurement(kind, scale)
+
+        def one(k: int) -> np.ndarray:
+            return np.asarray(meas(np.zeros(k, dtype=np.int64)), dtype=np.int64)
+
+        parts = min(self.threads, n // self.PARALLEL_MIN)
+        if parts <= 1:
+            out = one(n)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            sizes = [n // parts + (i < n % parts) for i in range(parts)]
+            with ThreadPoolExecutor(parts, thread_name_prefix="dp_spark-noise") as pool:
+                out = np.concatenate(list(pool.map(one, sizes)))
+        if out.shape != (n,):  # defensive: never release a short vector
             raise ConfigError("the noise library returned the wrong number of draws")
         return out
+
+    def _vector(self, kind: str, scale: float, n: int) -> list[int]:
+        return self._invoke(kind, scale, n).tolist()
 
     def draw_array(self, kind: str, scale: Fraction, n: int) -> np.ndarray:
         """:meth:`draw` without a Python loop over the draws when none saturated the ``i64``
@@ -369,9 +396,7 @@ class OpenDPNoiseSource(NoiseSource):
         if n == 0 or (kind == DISCRETE_GAUSSIAN and scale > _GAUSSIAN_OPENDP_MAX_SIGMA):
             return super().draw_array(kind, scale, n)
         f = float_at_least(scale, "sigma" if kind == DISCRETE_GAUSSIAN else "scale")
-        out = np.asarray(self._measurement(kind, f)(np.zeros(n, dtype=np.int64)), dtype=np.int64)
-        if out.shape != (n,):  # defensive: never release a short vector
-            raise ConfigError("the noise library returned the wrong number of draws")
+        out = self._invoke(kind, f, n)
         if bool(np.any((out == _I64_MAX) | (out == _I64_MIN))):
             return as_int_array(self._fix_saturated(kind, out.tolist(), f))
         return out

@@ -42,10 +42,12 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["opendp", "seeded"], scope="module")
+@pytest.fixture(params=["opendp", "opendp_sliced", "seeded"], scope="module")
 def source(request):
     if request.param == "opendp":
-        return OpenDPNoiseSource()
+        return OpenDPNoiseSource(threads=1)
+    if request.param == "opendp_sliced":  # N draws in 4 slices drawn on 4 threads at once
+        return OpenDPNoiseSource(threads=4)
     mp = pytest.MonkeyPatch()
     mp.setenv("DP_SPARK_TEST_MODE", "1")
     try:

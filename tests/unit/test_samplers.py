@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from fractions import Fraction
 from pathlib import Path
 
@@ -404,3 +405,35 @@ def test_draw_array_of_a_seeded_source_is_its_draw(test_mode):
     a, b = SeededNoiseSource(11), SeededNoiseSource(11)
     for kind, scale in (("discrete_laplace", Fraction(7, 2)), ("discrete_gaussian", Fraction(5))):
         assert a.draw_array(kind, scale, 50).tolist() == b.draw(kind, scale, 50)
+
+
+def test_opendp_slices_a_large_call_over_threads(monkeypatch):
+    """A call of at least 2 x PARALLEL_MIN draws is drawn in slices on threads at once, each a
+    separate OpenDP invocation, concatenated: n int64 draws, no slice a copy of another; a
+    smaller call is one invocation. (The slices' law: the contract suite's chi-squared tests,
+    tests/statistical/test_sampler_distributions.py, source ``opendp_sliced``.)"""
+    src = OpenDPNoiseSource(threads=3)
+    calls = []
+    real = src._measurement
+
+    def counting(kind, scale):
+        meas = real(kind, scale)
+
+        def invoke(zeros):
+            calls.append((len(zeros), threading.current_thread().name))
+            return meas(zeros)
+        return invoke
+
+    monkeypatch.setattr(src, "_measurement", counting)
+    monkeypatch.setattr(OpenDPNoiseSource, "PARALLEL_MIN", 1000)
+    out = src.draw_array("discrete_gaussian", Fraction(50), 3001)
+    assert out.dtype == np.int64 and out.shape == (3001,)
+    assert sorted(k for k, _ in calls) == [1000, 1000, 1001]
+    assert all(name.startswith("dp_spark-noise") for _, name in calls)
+    a, b, c = out[:1001], out[1001:2001], out[2001:]
+    assert len({tuple(a[:1000]), tuple(b), tuple(c[:1000])}) == 3
+    calls.clear()
+    assert len(src.draw("discrete_laplace", Fraction(5), 1999)) == 1999
+    assert [k for k, _ in calls] == [1999]
+    with pytest.raises(ConfigError, match="threads"):
+        OpenDPNoiseSource(threads=0)
