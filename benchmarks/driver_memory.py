@@ -1,5 +1,5 @@
 """Driver-side cost of a release's cells, without Spark: Python memory (tracemalloc peak) and
-time of each driver step at N cells of one ``count`` (or ``--statistic sum|mean``) by day x product.
+time of each driver step at N cells of one ``count`` (or ``--statistic sum|mean|variance|stddev``) by day x product.
 
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/driver_memory.py --cells 1000000 [--statistic mean]
 
@@ -56,8 +56,8 @@ def _sum_partials(plan) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default="100000,1000000")
-    ap.add_argument("--statistic", choices=("count", "sum", "mean"), default="count",
-                    help="the one statistic of the release (sum and mean: order_value in [0, 500])")
+    ap.add_argument("--statistic", choices=("count", "sum", "mean", "variance", "stddev"), default="count",
+                    help="the one statistic of the release (all but count: order_value in [0, 500])")
     args = ap.parse_args()
     import numpy as np
 

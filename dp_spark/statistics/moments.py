@@ -38,8 +38,8 @@ of the PUBLISHED value, computed from published values and noise parameters only
 exact for the noise(s) (E|u X_S + mid X_C| summed over the count's pmf; the Gaussian's E|.| at
 its exact sd), public. ``mean`` and ``variance``: the estimator's error computed at a plug-in
 truth (the released values) over the noises' discretised laws
-(:func:`dp_spark.statistics.noise.plugin_error`; the mean's from prefix sums of the same nodes,
-:func:`mean_error_columns`): every floor and clamp of the estimator is in
+(:func:`dp_spark.statistics.noise.law_nodes`; the sum over every combination of nodes in closed
+form along the last noise, :func:`clamped_line_error`): every floor and clamp of the estimator is in
 it, so the figure never exceeds the value's range (before: a mean held to [0, 500] reported
 1,708), and the ratio's curvature too. ``stddev``: the plug-in truth fails where the noise
 dominates (the variance is released as 0 in 20-40% of the cells of 10-20 units, the plug-in
@@ -78,7 +78,7 @@ from dp_spark.core.fields import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.noise import (cell, expected_abs, halfwidth, interval_columns, joint_alpha, law_nodes,
-                                      plugin_error, shared_sum_columns, stddev)
+                                      shared_sum_columns, stddev)
 
 DEFAULT_GROUP_SIZE = 100
 
@@ -143,26 +143,40 @@ def variance_box(c: float, h_c: int, s: float, h_s: float, q: float, h_q: float,
     at its top and S nearest 0, the smallest Q at its bottom and |S| largest (the per-n clips
     of S and Q dropped there: only wider); with x = 1/n both are concave quadratics in x, so
     the smallest is at an end of the range of n and the largest at an end or at one of the
-    two integers around the stationary point n = 2 S^2 / Q."""
+    two integers around the stationary point n = 2 S^2 / Q. One cell of
+    :func:`variance_box_columns`."""
+    lo, hi = variance_box_columns(np.array([float(c)]), h_c, np.array([float(s)]), h_s, np.array([float(q)]), h_q,
+                                  w, e)
+    return float(lo[0]), float(hi[0])
+
+
+def variance_box_columns(c: np.ndarray, h_c: int, s: np.ndarray, h_s: float, q: np.ndarray, h_q: float, w: float,
+                         e: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`variance_box` for float64 vectors ``c``, ``s``, ``q`` (one cell each; the
+    half-widths and bounds shared): the candidates n (the two ends, and the integers around
+    the stationary point where it exists, else an end again) evaluated at once."""
+    c, s, q = (np.asarray(x, dtype=np.float64) for x in (c, s, q))
     s_lo, s_hi, q_lo, q_hi = s - h_s, s + h_s, q - h_q, q + h_q
     top = w * w
-    n_lo = max(math.ceil(c - h_c), 1, math.ceil(max(s_lo, -s_hi, 0.0) / w), math.ceil(max(q_lo, -q_hi, 0.0) / e))
-    n_hi = math.floor(c + h_c)
-    if n_hi < n_lo:
-        return 0.0, top
-    near = min(max(0.0, s_lo), s_hi)
-    far = max(abs(s_lo), abs(s_hi))
+    n_lo = np.maximum.reduce([np.ceil(c - h_c), np.ones_like(c), np.ceil(np.maximum(np.maximum(s_lo, -s_hi), 0.0) / w),
+                              np.ceil(np.maximum(np.maximum(q_lo, -q_hi), 0.0) / e)])
+    n_hi = np.floor(c + h_c)
+    empty = n_hi < n_lo
+    n_hi = np.where(empty, n_lo, n_hi)  # (any n: replaced by the whole range below)
+    near = np.minimum(np.maximum(0.0, s_lo), s_hi)
+    far = np.maximum(np.abs(s_lo), np.abs(s_hi))
 
-    def var(n: int, qq: float, ss: float) -> float:
-        return qq / n + top / 2 - (ss / n) ** 2
+    def var(n, qq, ss):
+        return qq / n + top / 2 - (ss / n) * (ss / n)
 
-    ends = {n_lo, n_hi}
-    if near != 0 and q_hi > 0:
-        m = 2 * near * near / q_hi
-        ends |= {min(max(math.floor(m), n_lo), n_hi), min(max(math.ceil(m), n_lo), n_hi)}
-    hi = max(var(n, q_hi, near) for n in ends)
-    lo = min(var(n, q_lo, far) for n in (n_lo, n_hi))
-    return min(max(lo, 0.0), top), min(max(hi, 0.0), top)
+    inner = (near != 0) & (q_hi > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.where(inner, 2 * near * near / np.where(inner, q_hi, 1.0), n_lo)
+    ends = [n_lo, n_hi, np.minimum(np.maximum(np.floor(m), n_lo), n_hi), np.minimum(np.maximum(np.ceil(m), n_lo), n_hi)]
+    hi = np.maximum.reduce([var(n, q_hi, near) for n in ends])
+    lo = np.minimum(var(n_lo, q_lo, far), var(n_hi, q_lo, far))
+    lo, hi = np.clip(lo, 0.0, top), np.clip(hi, 0.0, top)
+    return np.where(empty, 0.0, lo), np.where(empty, top, hi)
 
 
 #: nodes per noise of the plug-in error figures (the spread's three noises: a product grid of 32^3)
@@ -206,31 +220,76 @@ def mean_error_columns(values: np.ndarray, counts: np.ndarray, clamp, floor: int
 _MEAN_BLOCK = 4096
 
 
+def _prefix(law) -> tuple:
+    """What :func:`clamped_line_error` needs of one discretised law (nodes sorted): the nodes,
+    the mass before each index (``p_before``), from each index on (``p_from``), and the parts
+    ``start`` and ``end`` of :func:`_ranges`, for the mass and the first and second moments at
+    once. A range's sum is taken from the sums of the end it is nearer to: a tail's mass or
+    moment is never the difference of two sums of nearly all the law."""
+    ys, ps = law
+    centre = int(np.searchsorted(ys, 0.0))
+    w = np.stack([ps, ps * ys, ps * ys * ys], axis=1)
+    before = np.concatenate([np.zeros((1, 3)), np.cumsum(w, axis=0)])  # sum over [0, k)
+    after = np.concatenate([np.cumsum(w[::-1], axis=0)[::-1], np.zeros((1, 3))])  # sum over [k, K)
+    k = np.arange(len(ys) + 1)[:, None]
+    start = np.where(k >= centre, after, -before)
+    # end[j, 0]: the sum before j (from the left when j is left of the centre, else the whole
+    # minus the tail from j); end[j, 1]: minus the tail from j
+    end = np.stack([np.where(k <= centre, before, before[-1] - after), -after], axis=1).reshape(-1, 3)
+    return ys, centre, before[:, 0], after[:, 0], start, end
+
+
+def _ranges(prefix, i, j) -> np.ndarray:
+    """(mass, first moment, second moment) of the nodes [i, j) (i <= j, index arrays), last
+    axis: a range right of the centre is the difference of the two tails from i and from j, any
+    other the sum before j minus the sum before i (each from its nearer end)."""
+    _, centre, _, _, start, end = prefix
+    return np.take(start, i, axis=0) + np.take(end, 2 * j + (i >= centre), axis=0)
+
+
+def clamped_line_error(prefix, b, d, y_lo, y_hi, y_0, c_lo, c_hi) -> tuple[np.ndarray, np.ndarray]:
+    """(sum p |e(y)|, sum p e(y)^2) over the nodes y (probabilities p) of one law, ``prefix`` from
+    :func:`_prefix`, for an error that is a clamped line in that noise: e(y) = ``c_lo`` for
+    y <= ``y_lo``, ``c_hi`` for y >= ``y_hi``, b + y / d in between (continuous at both ends),
+    changing sign at ``y_0`` (arrays broadcast together, one result per element). Three binary
+    searches and the law's cumulative mass and moments: O(log nodes) per element instead of a
+    sum over the nodes."""
+    ys, _, p_before, p_from, _, _ = prefix
+    shape = np.broadcast_shapes(np.shape(b), np.shape(d), np.shape(y_lo), np.shape(y_hi), np.shape(y_0))
+
+    def find(y, side):
+        return np.searchsorted(ys, np.broadcast_to(y, shape).ravel(), side=side).reshape(shape)
+
+    i_lo = find(y_lo, "right")
+    i_hi = np.maximum(find(y_hi, "left"), i_lo)
+    i_0 = np.clip(find(y_0, "left"), i_lo, i_hi)
+    below, above = np.abs(c_lo), np.abs(c_hi)
+    p_lo, p_hi = p_before[i_lo], p_from[i_hi]  # the masses where the error is clamped
+    r_neg, r_pos = _ranges(prefix, i_lo, i_0), _ranges(prefix, i_0, i_hi)
+    p_neg, y_neg, p_pos, y_pos = r_neg[..., 0], r_neg[..., 1], r_pos[..., 0], r_pos[..., 1]
+    neg = np.maximum(-(b * p_neg + y_neg / d), 0.0)
+    pos = np.maximum(b * p_pos + y_pos / d, 0.0)
+    absolute = below * p_lo + above * p_hi + neg + pos
+    # between the clamps, about the nodes' mean mu there: sum p (b + y/d)^2 = P (b + mu/d)^2 + V / d^2
+    # (V = sum p (y - mu)^2 >= 0), not b^2 P + 2 b Y / d + Y2 / d^2, whose terms cancel when the
+    # error is small against the line's offset b
+    p_in, y_in = p_neg + p_pos, y_neg + y_pos
+    mu = np.divide(y_in, p_in, out=np.zeros(shape), where=p_in > 0)
+    spread = np.maximum(r_neg[..., 2] + r_pos[..., 2] - y_in * mu, 0.0)
+    square = below * below * p_lo + above * above * p_hi + p_in * (b + mu / d) ** 2 + spread / (d * d)
+    return absolute, square
+
+
 def _mean_error_block(values, counts, clamp, floor: float, count_law, sum_law):
     mid, lo, hi = float(clamp.midpoint), float(clamp.lower), float(clamp.upper)
     xc, pc = count_law
-    ys, ps = sum_law
-    mass = np.concatenate([[0.0], np.cumsum(ps)])
-    first = np.concatenate([[0.0], np.cumsum(ps * ys)])
-    second = np.concatenate([[0.0], np.cumsum(ps * ys * ys)])
-    total = mass[-1]
     v = values[:, None]
     n = np.maximum(counts, floor)[:, None]
     s_hat = (v - mid) * n
     d = np.maximum(n + xc[None, :], floor)  # cells x count nodes
     b = mid + s_hat / d - v  # the error at the sum's noise 0, before the clamps
-    i_lo = np.searchsorted(ys, ((lo - mid) * d - s_hat).ravel(), side="right").reshape(d.shape)
-    i_hi = np.maximum(np.searchsorted(ys, ((hi - mid) * d - s_hat).ravel(), side="left").reshape(d.shape), i_lo)
-    i_0 = np.clip(np.searchsorted(ys, ((v - mid) * d - s_hat).ravel(), side="left").reshape(d.shape), i_lo, i_hi)
-    below, above = v - lo, hi - v  # |error| where the estimate is clamped at L, at U
-    m_lo, m_0, m_hi = mass[i_lo], mass[i_0], mass[i_hi]
-    f_lo, f_0, f_hi = first[i_lo], first[i_0], first[i_hi]
-    neg = np.maximum(-(b * (m_0 - m_lo) + (f_0 - f_lo) / d), 0.0)
-    pos = np.maximum(b * (m_hi - m_0) + (f_hi - f_0) / d, 0.0)
-    abs_j = below * m_lo + above * (total - m_hi) + neg + pos
-    sq_j = (below * below * m_lo + above * above * (total - m_hi)
-            + np.maximum(b * b * (m_hi - m_lo) + 2 * b * (f_hi - f_lo) / d + (second[i_hi] - second[i_lo]) / (d * d),
-                         0.0))
+    abs_j, sq_j = clamped_line_error(_prefix(sum_law), b, d, (lo - mid) * d - s_hat, (hi - mid) * d - s_hat,
+                                     (v - mid) * d - s_hat, lo - v, hi - v)
     expected = np.add.reduce(abs_j * pc[None, :], axis=1)
     rms = np.sqrt(np.add.reduce(sq_j * pc[None, :], axis=1))
     return expected, rms
@@ -252,20 +311,56 @@ def spread_error(c: float, s: float, q: float, w: float, floor: float, count_pla
                  ) -> tuple[float, float]:
     """(E|error|, root-mean-square error) of the published variance at the plug-in truth: the
     released count (floored) and moments (clamped), the three noises on
-    :data:`_SPREAD_NODES` nodes each. Memoised: a cell's figures do not depend on the level.
-    (The standard deviation's figures: :func:`stddev_error`.)"""
-    top = w * w
-    n = max(c, floor)
-    m1 = min(max(s / n, -w), w)
-    m2 = min(max(q / n + top / 2, 0.0), top)
-    s_hat, q_hat = m1 * n, (m2 - top / 2) * n
-    truth = float(_variance(n, s_hat, q_hat, w, floor))
+    :data:`_SPREAD_NODES` nodes each. One cell of :func:`spread_error_columns`. Memoised: a
+    cell's figures do not depend on the level. (The standard deviation's figures:
+    :func:`stddev_error`.)"""
+    e, r = spread_error_columns(np.array([float(c)]), np.array([float(s)]), np.array([float(q)]), w, floor,
+                                count_plan, sum_plan, square_plan)
+    return float(e[0]), float(r[0])
+
+
+#: cells per block of :func:`spread_error_columns` (each cell: count x sum nodes rows)
+_SPREAD_BLOCK = 256
+
+
+def spread_error_columns(c: np.ndarray, s: np.ndarray, q: np.ndarray, w: float, floor: float, count_plan, sum_plan,
+                         square_plan) -> tuple[np.ndarray, np.ndarray]:
+    """(E|error|, root-mean-square error) of the published variance for each cell (float64
+    vectors of the noisy count, normalised sum and sum of centred squares), at the plug-in
+    truth over the three noises' discretised laws. For a fixed (count, sum) node the released
+    variance is a clamped line in the squares' noise: clamp(m2 - m1^2, 0, W^2) with m2 =
+    clamp(Q / N + W^2 / 2, 0, W^2) and m1^2 <= W^2 is clamp(Q / N + W^2 / 2 - m1^2, 0, W^2 -
+    m1^2), so the sum over the squares' nodes is :func:`clamped_line_error` (equal to the
+    product-grid sum up to rounding, tests/unit/test_mean_columns.py)."""
+    c, s, q = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (c, s, q))
     laws = [law_nodes(p, _SPREAD_NODES) for p in (count_plan, sum_plan, square_plan)]
+    expected, rms = np.empty(c.size), np.empty(c.size)
+    for i in range(0, c.size, _SPREAD_BLOCK):
+        part = slice(i, i + _SPREAD_BLOCK)
+        expected[part], rms[part] = _spread_error_block(c[part], s[part], q[part], float(w), float(floor), *laws)
+    return expected, rms
 
-    def estimate(e_c, e_s, e_q):
-        return _variance(n + e_c, s_hat + e_s, q_hat + e_q, w, floor)
 
-    return plugin_error(estimate, truth, laws)
+def _spread_error_block(c, s, q, w: float, floor: float, count_law, sum_law, square_law):
+    top = w * w
+    n = np.maximum(c, floor)
+    m1 = np.minimum(np.maximum(s / n, -w), w)
+    m2 = np.minimum(np.maximum(q / n + top / 2, 0.0), top)
+    s_hat, q_hat = m1 * n, (m2 - top / 2) * n
+    truth = _variance(n, s_hat, q_hat, w, floor)[:, None, None]
+    (xc, pc), (xs, ps) = count_law, sum_law
+    big_n = np.maximum(n[:, None, None] + xc[None, :, None], floor)  # cells x count nodes x sum nodes
+    sq1 = np.clip((s_hat[:, None, None] + xs[None, None, :]) / big_n, -w, w) ** 2
+    qn = q_hat[:, None, None]
+    base = top / 2 - sq1
+    b = qn / big_n + base - truth
+    absolute, square = clamped_line_error(_prefix(square_law), b, big_n, -base * big_n - qn, top / 2 * big_n - qn,
+                                          (truth - base) * big_n - qn, -truth, top - sq1 - truth)
+    weight = (pc[:, None] * ps[None, :]).ravel()[None, :]
+    k = c.size
+    expected = np.add.reduce(absolute.reshape(k, -1) * weight, axis=1)
+    rms = np.sqrt(np.add.reduce(square.reshape(k, -1) * weight, axis=1))
+    return expected, rms
 
 
 @functools.lru_cache(maxsize=256)
@@ -415,28 +510,61 @@ class Variance(StatisticKind):
     def spread(self, stat, noisy, plans, alpha) -> tuple[float, float, float, tuple]:
         """(variance, lo, hi, key) of one cell: the released variance, its box interval
         (module docstring), and the arguments of :func:`spread_error` and
-        :func:`stddev_error` for its figures."""
+        :func:`stddev_error` for its figures. One cell of :meth:`spread_columns`."""
+        rows, nsum, nsq = self.components(stat, rows_shared=True)
+        c, s, q = float(noisy[rows]), float(noisy[nsum]), float(noisy[nsq])
+        var, lo, hi = self.spread_columns(stat, np.array([c]), np.array([s]), np.array([q]), plans, alpha)
+        w, floor = float(stat.clamp.half_width), float(stat.option("min_count"))
+        return float(var[0]), float(lo[0]), float(hi[0]), (c, s, q, w, floor, plans[rows], plans[nsum], plans[nsq])
+
+    def spread_columns(self, stat, c, s, q, plans, alpha) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(variance, lo, hi) of every cell from the float64 vectors of the noisy count,
+        normalised sum and sum of centred squares (real units)."""
         rows, nsum, nsq = self.components(stat, rows_shared=True)
         pc, ps, pq = plans[rows], plans[nsum], plans[nsq]
         w = float(stat.clamp.half_width)
         top = w * w
         floor = float(stat.option("min_count"))
-        c, s, q = float(noisy[rows]), float(noisy[nsum]), float(noisy[nsq])
-        var = float(_variance(c, s, q, w, floor))
+        var = _variance(c, s, q, w, floor)
         a = joint_alpha(alpha, 3)
         k2, bound = nsq.square_grid
         step = 2.0 ** k2
-        lo, hi = variance_box(c, pc.halfwidth_grid(a), s, float(halfwidth(ps, a)), q, float(halfwidth(pq, a)),
-                              w, bound * step)
+        lo, hi = variance_box_columns(c, pc.halfwidth_grid(a), s, float(halfwidth(ps, a)), q, float(halfwidth(pq, a)),
+                                      w, bound * step)
         # the centred squares are rounded to the grid 2^k2: the truth's m2 may sit half a step
         # outside [0, W^2] before its clamp
-        lo, hi = max(lo - step / 2, 0.0), min(hi + step / 2, top)
-        return var, min(lo, var), max(hi, var), (c, s, q, w, floor, pc, ps, pq)
+        lo, hi = np.maximum(lo - step / 2, 0.0), np.minimum(hi + step / 2, top)
+        return var, np.minimum(lo, var), np.maximum(hi, var)
+
+    def _columns(self, stat, grids, plans, alpha):
+        """(c, s, q, var, lo, hi, fixed fields) of every cell from the grids, or None when a
+        grid is not int64 (values beyond it: the per-cell path)."""
+        rows, nsum, nsq = self.components(stat, rows_shared=True)
+        if any(grids[x].dtype != np.int64 for x in (rows, nsum, nsq)):
+            return None
+        c, s, q = (np.ldexp(grids[x].astype(np.float64), int(plans[x].grid_exponent)) for x in (rows, nsum, nsq))
+        var, lo, hi = self.spread_columns(stat, c, s, q, plans, alpha)
+        fixed = cell(0, 0, 0, plan=plans[nsq], sd=0.0, expected=0.0)
+        for f in ("value", "ci_low", "ci_high", "noise_stddev", "expected_abs_error"):
+            del fixed[f]
+        return c, s, q, var, lo, hi, fixed
 
     def finish(self, stat, noisy, plans, alpha):
         var, lo, hi, key = self.spread(stat, noisy, plans, alpha)
         expected, rms = spread_error(*key)
         return cell(var, lo, hi, plan=key[-1], sd=rms, expected=expected)
+
+    def finish_columns(self, stat, grids, plans, alpha):
+        """:meth:`finish` over every cell: the same float operations on vectors (the value and the
+        box interval, :func:`variance_box_columns`), the figures of :func:`spread_error_columns`."""
+        cols = self._columns(stat, grids, plans, alpha)
+        if cols is None:
+            return None
+        c, s, q, var, lo, hi, fixed = cols
+        rows, nsum, nsq = self.components(stat, rows_shared=True)
+        expected, rms = spread_error_columns(c, s, q, float(stat.clamp.half_width), float(stat.option("min_count")),
+                                             plans[rows], plans[nsum], plans[nsq])
+        return {"value": var, "ci_low": lo, "ci_high": hi, "noise_stddev": rms, "expected_abs_error": expected, **fixed}
 
 
 @register
@@ -447,3 +575,20 @@ class StdDev(Variance):
         var, lo, hi, key = self.spread(stat, noisy, plans, alpha)
         expected, rms = stddev_error(*key)
         return cell(math.sqrt(var), math.sqrt(lo), math.sqrt(hi), plan=key[-1], sd=rms, expected=expected)
+
+    def finish_columns(self, stat, grids, plans, alpha):
+        """:meth:`finish` over every cell: value and interval on vectors (IEEE square roots, as
+        ``math.sqrt``); the figures of :func:`stddev_error` cell by cell (its weights over the
+        truths that can exist have no clamped-line form: about 0.3 ms a cell)."""
+        cols = self._columns(stat, grids, plans, alpha)
+        if cols is None:
+            return None
+        c, s, q, var, lo, hi, fixed = cols
+        rows, nsum, nsq = self.components(stat, rows_shared=True)
+        w, floor = float(stat.clamp.half_width), float(stat.option("min_count"))
+        figures = [stddev_error(float(x), float(y), float(z), w, floor, plans[rows], plans[nsum], plans[nsq])
+                   for x, y, z in zip(c.tolist(), s.tolist(), q.tolist())]
+        expected = np.array([f[0] for f in figures], dtype=np.float64)
+        rms = np.array([f[1] for f in figures], dtype=np.float64)
+        return {"value": np.sqrt(var), "ci_low": np.sqrt(lo), "ci_high": np.sqrt(hi), "noise_stddev": rms,
+                "expected_abs_error": expected, **fixed}

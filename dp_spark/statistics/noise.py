@@ -1,6 +1,7 @@
 """Shared post-processing helpers of the statistic kinds: intervals and expected errors of
 noisy components (exact noise quantiles from :mod:`dp_spark.mechanisms.accuracy`), and the
-error of a non-linear, clamped estimate at a plug-in truth (:func:`plugin_error`).
+noises' discretised laws on which the error of a non-linear, clamped estimate is computed at a
+plug-in truth (:func:`law_nodes`).
 
 Nothing here imports pyspark.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -139,24 +140,6 @@ def _law_draws(mechanism: str, scale: Fraction, grid_exponent: int, rows: int, c
     out = draws * 2.0 ** grid_exponent
     out.setflags(write=False)
     return out
-
-
-def plugin_error(estimate: Callable[..., np.ndarray], truth: float, laws: list) -> tuple[float, float]:
-    """(E|estimate - truth|, sqrt(E (estimate - truth)^2)) when the noises are independent
-    with the discretised ``laws`` (:func:`law_nodes`): ``estimate(*noises)`` is evaluated on
-    their product grid (numpy broadcasting). Used with the released values as the plug-in
-    truth, so the figures are estimates; they include every clamp and floor of the estimator,
-    so they never exceed its range."""
-    axes = len(laws)
-    grids, weight = [], np.ones((1,) * axes)
-    for i, (x, p) in enumerate(laws):
-        shape = [1] * axes
-        shape[i] = len(x)
-        grids.append(np.asarray(x).reshape(shape))
-        weight = weight * np.asarray(p).reshape(shape)
-    err = np.asarray(estimate(*grids), dtype=np.float64) - truth
-    err = np.broadcast_to(err, weight.shape)
-    return float(np.sum(weight * np.abs(err))), math.sqrt(float(np.sum(weight * err * err)))
 
 
 def cell(value, lo, hi, *, plan, sd: float, expected: float) -> dict[str, Any]:

@@ -58,12 +58,12 @@ def _shrink_mean(mp, factor):
 
 def _shrink_variance_box(mp, factor):
     """variance, stddev: the three noises' half-widths entering the box."""
-    real = moments.variance_box
+    real = moments.variance_box_columns
 
     def shrunk(c, h_c, s, h_s, q, h_q, w, e):
         return real(c, int(h_c * factor), s, h_s * factor, q, h_q * factor, w, e)
 
-    mp.setattr(moments, "variance_box", shrunk)
+    mp.setattr(moments, "variance_box_columns", shrunk)
 
 
 def _shrink_edge_thresholds(mp, factor):

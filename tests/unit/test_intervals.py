@@ -16,7 +16,8 @@ import pytest
 from dp_spark.mechanisms import accuracy
 from dp_spark.evaluation import coverage
 from dp_spark.statistics.moments import shared_sum_accuracy, variance_box
-from dp_spark.statistics.noise import law_nodes, plugin_error
+from dp_spark.statistics.noise import law_nodes
+from tests.unit.reference_errors import plugin_error
 
 ROOT = Path(__file__).resolve().parents[2]
 LAPLACE, GAUSSIAN = "discrete_laplace", "discrete_gaussian"

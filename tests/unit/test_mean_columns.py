@@ -18,7 +18,8 @@ from dp_spark.mechanisms.mean import (mean_cell_accuracy, mean_cell_accuracy_col
 from dp_spark.mechanisms.samplers import SeededNoiseSource
 from dp_spark.statistics import moments
 from dp_spark.statistics.base import kind_of
-from dp_spark.statistics.noise import law_nodes, plugin_error
+from dp_spark.statistics.noise import law_nodes
+from tests.unit.reference_errors import plugin_error
 
 FIELDS = ("value", "ci_low", "ci_high")
 #: (lower, upper, sum grid exponent): integer bounds, dyadic bounds, a bound snapped to 2^-19
