@@ -637,8 +637,9 @@ def mean_cell_accuracy(noisy_norm_sum, noisy_count, midpoint, lower, upper, min_
 def _ratio_floats(num, den, e: int, low: int, high: int) -> np.ndarray:
     """float(clamp(num / den, low, high) 2^e) per cell, each correctly rounded as the exact
     Fraction's float is: ``num`` (integers), ``den`` (integers >= 1), ``low`` <= ``high``
-    integers, all in units of 2^e. int64 numpy vectors when every product is below 2^53 (one
-    IEEE division of exact operands is correctly rounded, and the power of two is exact), else
+    integers, all in units of 2^e. int64 numpy vectors when every numerator and denominator is
+    below 2^53 (one IEEE division of exact operands is correctly rounded, and the power of two
+    is exact), else
     Python integers (int / int is correctly rounded at any size). The clamp commutes with the
     rounding: the bounds are exact and rounding is monotone. NaN where ``den`` <= 0 (cells the
     caller replaces)."""
@@ -665,7 +666,7 @@ def mean_cell_accuracy_columns(grid_sum, grid_count, sum_exponent: int, midpoint
     """:func:`mean_cell_accuracy` over every cell at once: ``grid_sum`` and ``grid_count`` the
     noisy normalised sums (grid units 2^``sum_exponent``) and noisy counts (integers), int64
     vectors. Returns ``value``, ``ci_low`` and ``ci_high`` as float64 vectors equal, bit for
-    bit, to the floats of the per-cell Fractions (tests/unit/test_vector_noise.py): every
+    bit, to the floats of the per-cell Fractions (tests/unit/test_mean_columns.py): every
     quantity is a ratio of integers in units of one power of two, rounded once
     (:func:`_ratio_floats`), and the large-count half-width is the same bisection
     (:func:`mean_error_quantiles`). None (the caller's per-cell path) for a midpoint or bounds

@@ -204,7 +204,7 @@ def mean_error_columns(values: np.ndarray, counts: np.ndarray, clamp, floor: int
     between, changing sign once: E|error| and E error^2 over the sum's nodes are sums of
     prefix sums (mass, first and second moment of the nodes) at three indices found by binary
     search, instead of the estimate at every pair of nodes. Equal to that product-grid sum up to
-    rounding (tests/unit/test_mean_accuracy.py). Each cell's sum over the count's nodes is
+    rounding (tests/unit/test_mean_columns.py). Each cell's sum over the count's nodes is
     one row reduced along itself: its bits do not depend on the other cells."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     counts = np.asarray(counts, dtype=np.float64).reshape(-1)
@@ -331,7 +331,7 @@ def spread_error_columns(c: np.ndarray, s: np.ndarray, q: np.ndarray, w: float, 
     variance is a clamped line in the squares' noise: clamp(m2 - m1^2, 0, W^2) with m2 =
     clamp(Q / N + W^2 / 2, 0, W^2) and m1^2 <= W^2 is clamp(Q / N + W^2 / 2 - m1^2, 0, W^2 -
     m1^2), so the sum over the squares' nodes is :func:`clamped_line_error` (equal to the
-    product-grid sum up to rounding, tests/unit/test_mean_columns.py)."""
+    product-grid sum up to rounding, tests/unit/test_spread_columns.py)."""
     c, s, q = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (c, s, q))
     laws = [law_nodes(p, _SPREAD_NODES) for p in (count_plan, sum_plan, square_plan)]
     expected, rms = np.empty(c.size), np.empty(c.size)
@@ -480,10 +480,12 @@ class Mean(StatisticKind):
         pc, ps = plans[rows], plans[nsum]
         cl = stat.clamp
         floor = stat.option("min_count")
+        if int(pc.grid_exponent) != 0:  # (a count is on the integers)
+            return None
         out = mean_cell_accuracy_columns(grids[nsum], grids[rows], ps.grid_exponent, cl.midpoint, cl.lower, cl.upper,
                                          floor, alpha, mechanism=ps.mechanism, sum_scale=ps.scale,
                                          count_scale=pc.scale)
-        if out is None or int(pc.grid_exponent) != 0:
+        if out is None:
             return None
         expected, rms = mean_error_columns(out["value"], grids[rows].astype(np.float64), cl, floor, pc, ps)
         fixed = cell(0, 0, 0, plan=ps, sd=0.0, expected=0.0)
@@ -586,7 +588,8 @@ class StdDev(Variance):
         c, s, q, var, lo, hi, fixed = cols
         rows, nsum, nsq = self.components(stat, rows_shared=True)
         w, floor = float(stat.clamp.half_width), float(stat.option("min_count"))
-        figures = [stddev_error(float(x), float(y), float(z), w, floor, plans[rows], plans[nsum], plans[nsq])
+        each = stddev_error.__wrapped__  # not memoised: every cell's key is its own
+        figures = [each(x, y, z, w, floor, plans[rows], plans[nsum], plans[nsq])
                    for x, y, z in zip(c.tolist(), s.tolist(), q.tolist())]
         expected = np.array([f[0] for f in figures], dtype=np.float64)
         rms = np.array([f[1] for f in figures], dtype=np.float64)
