@@ -119,7 +119,11 @@ def test_the_bisection_is_the_same_alone_or_in_a_block(mech, t_s, t_c, monkeypat
         assert cover[0] >= 0.95 > cover[1]
 
 
-def _plan(measure):
+MEAN = {"name": "avg", "kind": "mean", "column": "v", "lower": 0, "upper": 500, "min_count": 3}
+
+
+def plan_40_cells(measure, statistics=(MEAN,)):
+    """A plan of ``statistics`` over 40 public keys (shared with tests/unit/test_spread_columns.py)."""
     from dp_spark.config import release_spec_from_dict
     from dp_spark.statistics.plan import plan_query
 
@@ -128,13 +132,40 @@ def _plan(measure):
         "name": "m", "dataset": "x", "privacy_unit": {"kind": "user", "column": "user_id"},
         "group_by": [{"column": "p", "public_keys": {"values": [str(i) for i in range(40)]}}],
         "bounds": {"max_rows_per_unit": 3, "max_partitions_per_unit": 2},
-        "statistics": [{"name": "avg", "kind": "mean", "column": "v", "lower": 0, "upper": 500, "min_count": 3}],
-        "budget": budget, "max_cells": 1000}, "m.yaml"))
+        "statistics": list(statistics), "budget": budget, "max_cells": 1000}, "m.yaml"))
+
+
+def partials_40_cells(plan, seed):
+    """Partials of 40 cells, 20 small (0-19 rows) and 20 large (500-4,999 rows): test data only."""
+    rng = np.random.default_rng(seed)
+    partials = {}
+    for i in range(40):
+        rows = int(rng.integers(0, 20)) if i < 20 else int(rng.integers(500, 5000))
+        partials[i] = {"dp_rows": rows, "dp_units": rows}
+        for comp in plan.components:
+            if comp.clamp is not None:
+                partials[i].update({f"{comp.sum_alias}_lo": int(rng.integers(0, 2**21)),
+                                    f"{comp.sum_alias}_mid": int(rng.integers(0, rows + 1)),
+                                    f"{comp.sum_alias}_hi": 0})
+    return partials
+
+
+def assert_equal_to_the_per_cell_finish(plan, partials, seed):
+    """QueryPlan.noise equal, field by field, to every statistic's per-cell finish on exact
+    Fractions from the same draws."""
+    from tests.unit.test_vector_noise import _per_cell as reference
+
+    got = plan.noise(partials, SeededNoiseSource(seed))
+    want = reference(plan, partials, seed)
+    assert len(got) == len(want) == 40 * len(plan.spec.statistics)
+    for g, w in zip(got, want):
+        assert {k: v for k, v in g.items() if k != "keys"} == w
+        assert all(type(v) is not np.float64 for v in g.values())
 
 
 @pytest.mark.parametrize("measure", ["zcdp", "pure_dp"])
 def test_error_figures_equal_the_estimator_on_every_pair_of_nodes(measure):
-    plan = _plan(measure)
+    plan = plan_40_cells(measure)
     stat, comps = plan.spec.statistics[0], plan.stat_components[0]
     by = {c.kind: c for c in comps}
     pc, ps = plan.plan_of(by["rows"]), plan.plan_of(by["nsum"])
@@ -164,27 +195,10 @@ def test_error_figures_equal_the_estimator_on_every_pair_of_nodes(measure):
 def test_the_release_takes_the_vector_path_and_publishes_the_per_cell_cells(measure):
     """QueryPlan.noise_columns over mean cells of small and large counts: every field equal to
     the per-cell finish on exact Fractions from the same draws, and the mean vectorised."""
-    plan = _plan(measure)
+    plan = plan_40_cells(measure)
     stat, comps = plan.spec.statistics[0], plan.stat_components[0]
     plans = {c: plan.plan_of(c) for c in comps}
     grids = {c: np.array([0, 5], dtype=np.int64) for c in comps}
     assert kind_of("mean").finish_columns(stat, grids, plans, Fraction(1, 20)) is not None
-    rng = np.random.default_rng(11)
-    partials = {}
-    for i in range(40):
-        rows = int(rng.integers(0, 20)) if i < 20 else int(rng.integers(500, 5000))
-        partials[i] = {"dp_rows": rows, "dp_units": rows}
-        for comp in plan.components:
-            if comp.clamp is not None:
-                partials[i][f"{comp.sum_alias}_lo"] = int(rng.integers(0, 2**21))
-                partials[i][f"{comp.sum_alias}_mid"] = int(rng.integers(0, rows + 1))
-                partials[i][f"{comp.sum_alias}_hi"] = 0
-    got = plan.noise(partials, SeededNoiseSource(5))
-    from tests.unit.test_vector_noise import _per_cell as reference
-
-    want = reference(plan, partials, 5)
-    assert len(got) == len(want) == 40
-    for g, w in zip(got, want):
-        assert {k: v for k, v in g.items() if k != "keys"} == w
-        assert all(type(v) is not np.float64 for v in g.values())
+    assert_equal_to_the_per_cell_finish(plan, partials_40_cells(plan, 11), 5)
     assert os.environ["DP_SPARK_TEST_MODE"] == "1"

@@ -12,11 +12,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dp_spark.mechanisms.samplers import SeededNoiseSource
 from dp_spark.statistics import moments
 from dp_spark.statistics.base import kind_of
 from dp_spark.statistics.noise import law_nodes
 from tests.unit.reference_errors import plugin_error
+from tests.unit.test_mean_columns import assert_equal_to_the_per_cell_finish, partials_40_cells, plan_40_cells
 
 
 @pytest.fixture(autouse=True)
@@ -24,32 +24,12 @@ def _test_mode(monkeypatch):
     monkeypatch.setenv("DP_SPARK_TEST_MODE", "1")
 
 
+SPREAD = ({"name": "var", "kind": "variance", "column": "v", "lower": 0, "upper": 500},
+          {"name": "sd", "kind": "stddev", "column": "v", "lower": 0, "upper": 500, "min_count": 3})
+
+
 def _plan(measure):
-    from dp_spark.config import release_spec_from_dict
-    from dp_spark.statistics.plan import plan_query
-
-    budget = {"id": "b", "measure": measure, **({"rho": 0.5} if measure == "zcdp" else {"epsilon": 1})}
-    return plan_query(release_spec_from_dict({
-        "name": "v", "dataset": "x", "privacy_unit": {"kind": "user", "column": "user_id"},
-        "group_by": [{"column": "p", "public_keys": {"values": [str(i) for i in range(40)]}}],
-        "bounds": {"max_rows_per_unit": 3, "max_partitions_per_unit": 2},
-        "statistics": [{"name": "var", "kind": "variance", "column": "v", "lower": 0, "upper": 500},
-                       {"name": "sd", "kind": "stddev", "column": "v", "lower": 0, "upper": 500, "min_count": 3}],
-        "budget": budget, "max_cells": 1000}, "v.yaml"))
-
-
-def _partials(plan, seed):
-    rng = np.random.default_rng(seed)  # test data only, never noise
-    partials = {}
-    for i in range(40):
-        rows = int(rng.integers(0, 20)) if i < 20 else int(rng.integers(500, 5000))
-        partials[i] = {"dp_rows": rows, "dp_units": rows}
-        for comp in plan.components:
-            if comp.clamp is not None:
-                alias = comp.sum_alias
-                partials[i].update({f"{alias}_lo": int(rng.integers(0, 2**21)), f"{alias}_mid": int(rng.integers(0, rows + 1)),
-                                    f"{alias}_hi": 0})
-    return partials
+    return plan_40_cells(measure, SPREAD)
 
 
 @pytest.mark.parametrize("measure", ["zcdp", "pure_dp"])
@@ -62,15 +42,7 @@ def test_the_release_takes_the_vector_path_and_publishes_the_per_cell_cells(meas
         assert kind_of(stat.kind).finish_columns(stat, grids, plans, Fraction(1, 20)) is not None
         assert kind_of(stat.kind).finish_columns(stat, {c: g.astype(object) for c, g in grids.items()}, plans,
                                                  Fraction(1, 20)) is None
-    partials = _partials(plan, seed)
-    got = plan.noise(partials, SeededNoiseSource(seed))
-    from tests.unit.test_vector_noise import _per_cell as reference
-
-    want = reference(plan, partials, seed)
-    assert len(got) == len(want) == 80
-    for g, w in zip(got, want):
-        assert {k: v for k, v in g.items() if k != "keys"} == w
-        assert all(type(v) is not np.float64 for v in g.values())
+    assert_equal_to_the_per_cell_finish(plan, partials_40_cells(plan, seed), seed)
 
 
 def _box_reference(c, h_c, s, h_s, q, h_q, w, e):
