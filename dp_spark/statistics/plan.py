@@ -236,9 +236,10 @@ class QueryPlan:
         vectors (:func:`~dp_spark.mechanisms.release.add_noise_array`: the same draws, in the
         same order, as one ``source`` call per component), and a kind with a vectorised
         post-processing (:meth:`~dp_spark.statistics.base.StatisticKind.finish_columns`: count,
-        distinct_units, sum, mean) computes its values and intervals as float64 vectors, equal to
-        its per-cell ``finish`` (exact integers times a power of two). The other kinds, and
-        values beyond 2^53 grid units, take the per-cell ``finish`` on exact Fractions.
+        distinct_units, sum, mean, variance, stddev) computes its values and intervals as float64
+        vectors, equal to its per-cell ``finish`` (exact integer ratios rounded once; the spread's
+        float arithmetic on vectors). The quantile, and values too large for a kind's vector form,
+        take the per-cell ``finish``.
 
         ``grid_cells``: the cells are a batch of a release of ``grid_cells`` key tuples (public
         keys; executor-side noise, :func:`dp_spark.backends.spark.noisy_release_frame`): the

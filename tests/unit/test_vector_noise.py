@@ -1,7 +1,8 @@
 """The vectorised noise step (QueryPlan.noise over numpy vectors) publishes exactly what the
 per-cell post-processing publishes: same draws in the same order, equal floats for every cell
-of count, distinct_units and sum, and the per-cell path for the other kinds and for values
-beyond 2^53 grid units."""
+of count, distinct_units, sum and mean (the mean's own cases: tests/unit/test_mean_columns.py;
+the variance and standard deviation: tests/unit/test_spread_columns.py), and the per-cell path
+for values beyond 2^53 grid units."""
 
 from __future__ import annotations
 
