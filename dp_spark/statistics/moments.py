@@ -78,7 +78,7 @@ from dp_spark.core.fields import Number, PositiveInt, SpecModel, fail_at
 from dp_spark.statistics.base import StatisticKind, StatisticSpec, register
 from dp_spark.statistics.components import Component
 from dp_spark.statistics.noise import (cell, expected_abs, halfwidth, interval_columns, joint_alpha, law_nodes,
-                                      shared_sum_columns, stddev)
+                                      plan_fields, shared_sum_columns, stddev)
 
 DEFAULT_GROUP_SIZE = 100
 
@@ -488,10 +488,7 @@ class Mean(StatisticKind):
         if out is None:
             return None
         expected, rms = mean_error_columns(out["value"], grids[rows].astype(np.float64), cl, floor, pc, ps)
-        fixed = cell(0, 0, 0, plan=ps, sd=0.0, expected=0.0)
-        for f in ("value", "ci_low", "ci_high", "noise_stddev", "expected_abs_error"):
-            del fixed[f]
-        return {**out, "noise_stddev": rms, "expected_abs_error": expected, **fixed}
+        return {**out, "noise_stddev": rms, "expected_abs_error": expected, **plan_fields(ps)}
 
 
 @register
@@ -546,10 +543,7 @@ class Variance(StatisticKind):
             return None
         c, s, q = (np.ldexp(grids[x].astype(np.float64), int(plans[x].grid_exponent)) for x in (rows, nsum, nsq))
         var, lo, hi = self.spread_columns(stat, c, s, q, plans, alpha)
-        fixed = cell(0, 0, 0, plan=plans[nsq], sd=0.0, expected=0.0)
-        for f in ("value", "ci_low", "ci_high", "noise_stddev", "expected_abs_error"):
-            del fixed[f]
-        return c, s, q, var, lo, hi, fixed
+        return c, s, q, var, lo, hi, plan_fields(plans[nsq])
 
     def finish(self, stat, noisy, plans, alpha):
         var, lo, hi, key = self.spread(stat, noisy, plans, alpha)

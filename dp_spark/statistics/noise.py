@@ -142,10 +142,16 @@ def _law_draws(mechanism: str, scale: Fraction, grid_exponent: int, rows: int, c
     return out
 
 
+def plan_fields(plan) -> dict[str, Any]:
+    """The fields of :func:`cell` that depend on the plan only (mechanism, noise_scale, grid):
+    what a vectorised finish returns once for every cell."""
+    return {"mechanism": plan.mechanism, "noise_scale": float(plan.scale * plan.grid_unit),
+            "grid": float(plan.grid_unit)}
+
+
 def cell(value, lo, hi, *, plan, sd: float, expected: float) -> dict[str, Any]:
-    return {"value": float(value), "ci_low": float(lo), "ci_high": float(hi), "mechanism": plan.mechanism,
-            "noise_scale": float(plan.scale * plan.grid_unit), "noise_stddev": float(sd),
-            "grid": float(plan.grid_unit), "expected_abs_error": float(expected)}
+    return {"value": float(value), "ci_low": float(lo), "ci_high": float(hi), "noise_stddev": float(sd),
+            "expected_abs_error": float(expected), **plan_fields(plan)}
 
 
 def count_cell(noisy: Fraction, plan, alpha: Fraction) -> dict[str, Any]:
@@ -175,10 +181,8 @@ def interval_columns(grid, plan, alpha: Fraction, *, at_least_zero: bool) -> Opt
     if at_least_zero:
         v, lo, hi = np.maximum(v, 0), np.maximum(lo, 0), np.maximum(hi, 0)
     out: dict[str, Any] = {f: np.ldexp(x.astype(np.float64), k) for f, x in (("value", v), ("ci_low", lo), ("ci_high", hi))}
-    fixed = cell(0, 0, 0, plan=plan, sd=stddev(plan), expected=expected_abs(plan))
-    for f in ("value", "ci_low", "ci_high"):
-        del fixed[f]
-    return {**out, **fixed}
+    return {**out, "noise_stddev": float(stddev(plan)), "expected_abs_error": float(expected_abs(plan)),
+            **plan_fields(plan)}
 
 
 def shared_sum_columns(grid_sum, grid_rows, plan_sum, plan_rows, mid: Fraction, h: Fraction, *,
@@ -200,7 +204,4 @@ def shared_sum_columns(grid_sum, grid_rows, plan_sum, plan_rows, mid: Fraction, 
     v = [(int(s) << a) + mm * int(r) for s, r in zip(grid_sum.tolist(), grid_rows.tolist())]
     out: dict[str, Any] = {f: np.array([(x + d) / den for x in v], dtype=np.float64)
                            for f, d in (("value", 0), ("ci_low", -hh), ("ci_high", hh))}
-    fixed = cell(0, 0, 0, plan=plan_sum, sd=sd, expected=expected)
-    for f in ("value", "ci_low", "ci_high"):
-        del fixed[f]
-    return {**out, **fixed}
+    return {**out, "noise_stddev": float(sd), "expected_abs_error": float(expected), **plan_fields(plan_sum)}
