@@ -267,6 +267,10 @@ class Engine:
         self._mirror_task = Coalescing(self._refresh_mirror, name="dp_spark-mirror")
         # (family, release id, series key: the day of a day release of a series, else None), in order
         self._pending_versions: list[tuple[str, str, Optional[str]]] = []
+        # release id -> the statement's summary of the rows this engine wrote for it (official
+        # releases whose write landed as ours), until the family's statement is refreshed: read
+        # there instead of reading the rows back from Delta
+        self._written: dict[str, dict[str, Any]] = {}
         self.env = env
         self.policies = load_policies(env.policies)
         if spark is None:
@@ -371,10 +375,12 @@ class Engine:
         # background (it never raises; the SQL ledger is its authority): started first, it
         # would compete with them for the driver and the executors
         mirror, self._pending_mirror = self._pending_mirror, False
+        written, self._written = self._written, {}
         try:
             if pending:
                 after_official_releases(self.spark, env=self.env, releases=pending, principal=self.principal,
-                                        ledger=self.ledger, releases_dir=self.access.releases_dir)
+                                        ledger=self.ledger, releases_dir=self.access.releases_dir,
+                                        written=written)
         finally:
             if mirror:
                 self._mirror_task.request()
@@ -686,10 +692,12 @@ class Engine:
         if not rows:
             detail = (detail + "; " if detail else "") + "no key was selected: nothing published"
         self._audit(spec, status, release_id, charged, detail)
-        # no key selected: the current version stays; not committed by this run: its new owner versions it
-        self._record(spec, release_id, version=bool(rows) and committed)
         # the write committed exactly these rows: return them without reading the table back
         mine = _as_written(rows)
+        if committed:
+            self._keep_written(release_id, mine)
+        # no key selected: the current version stays; not committed by this run: its new owner versions it
+        self._record(spec, release_id, version=bool(rows) and committed)
         return self._result(spec, release_id, path, status, mine, charge=charged,
                             note=f"fallback for exhausted release {_degraded_from}" if _degraded_from else "")
 
@@ -785,11 +793,15 @@ class Engine:
                 landed = False
         self._commit_stream(sid)
         self._audit(spec, "published", release_id, charged, f"stream {sid}: point {plan.days} of {plan.horizon}")
-        self._record(spec, release_id)
         # the write committed exactly these rows: returned without reading the table back
         # (another run's write of this release id landed instead: read back, theirs)
-        mine = _as_written(rows) if landed else read_release(self.spark, path, release_id)
+        if landed:
+            mine = _as_written(rows)
+            self._keep_written(release_id, mine)
+        else:
+            mine = read_release(self.spark, path, release_id)
         del rows
+        self._record(spec, release_id)
         return self._result(spec, release_id, path, "published", mine,
                             charge=charged, note=f"stream point {plan.days} of {plan.horizon}")
 
@@ -827,9 +839,22 @@ class Engine:
             return
         from dp_spark.governance import after_official_release
 
+        written, self._written = self._written, {}
         after_official_release(self.spark, env=self.env, family=spec.family, release_id=release_id,
                                principal=self.principal, ledger=self.ledger,
-                               releases_dir=self.access.releases_dir, series_key=spec.series_key)
+                               releases_dir=self.access.releases_dir, series_key=spec.series_key,
+                               written=written)
+
+    def _keep_written(self, release_id: str, mine: list[dict[str, Any]]) -> None:
+        """Keep the statement's summary of ``mine``, the rows of an official release that THIS
+        engine's write committed (exactly those rows: see :meth:`_write_once`), for the family's
+        statement (:meth:`_version` or :meth:`finish`), which then does not read them back."""
+        if self.mode != "official" or not mine:
+            return
+        from dp_spark.governance.statement import summarise_release_rows
+
+        (summary,) = summarise_release_rows(mine)
+        self._written[release_id] = summary
 
     def _write_once(self, path: str, release_id: str, rows, owner: str, *, fresh: bool):
         """Write the release insert-if-absent; None when OUR cells are the release, else the

@@ -22,7 +22,7 @@ The submodules ``access``, ``thresholds``, ``statement`` and ``retention`` impor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from dp_spark.governance.access import (
     ACTIONS,
@@ -87,38 +87,42 @@ def statement_dir(env: Any) -> Path:
 
 
 def _refresh_statement(spark, env: Any, family: str, ledger: Any, releases_dir: str | Path,
-                       summaries: Optional[list[dict[str, Any]]] = None) -> Path:
+                       summaries: Optional[list[dict[str, Any]]] = None,
+                       written: Optional[Mapping[str, dict[str, Any]]] = None) -> Path:
     """Rebuild and write the family's privacy statement; returns the .md path."""
     _, _, md = build_and_write_statement(
         spark, family=family, ledger=ledger, releases_dir=releases_dir,
         releases_path=f"{env.output_root}/{family}", out_dir=statement_dir(env), summaries=summaries,
-        lease_seconds=getattr(env, "lease_seconds", None))
+        lease_seconds=getattr(env, "lease_seconds", None), written=written)
     return md
 
 
 def after_official_release(spark, *, env: Any, family: str, release_id: str, principal: str, ledger: Any,
                            releases_dir: str | Path, write: bool = True,
-                           series_key: Optional[str] = None) -> tuple[int, Optional[Path]]:
+                           series_key: Optional[str] = None,
+                           written: Optional[Mapping[str, dict[str, Any]]] = None) -> tuple[int, Optional[Path]]:
     """Make ``release_id`` the current version of ``family`` (of its day ``series_key``, a day
     release of a series) and regenerate its statement.
 
     Call after the release write and the ledger commit of an OFFICIAL release, and also on a
     cache hit or a healed release (idempotent: it heals a crash between the commit and the
     versioning; a withdrawn release stays withdrawn). Returns (version number, statement .md
-    path or None when ``write`` is False).
+    path or None when ``write`` is False). ``written``: the summaries of releases this process
+    wrote itself (:func:`~dp_spark.governance.statement.load_release_summaries`), not read back.
     """
     from dp_spark.governance.versions import adopt_published, published_path_for, record_publication
 
     adopt_published(ledger, spark, published_path_for(env.output_root))  # (once, from an older deployment)
     no = record_publication(ledger, family, release_id, principal, series_key=series_key)
-    return no, _refresh_statement(spark, env, family, ledger, releases_dir) if write else None
+    return no, _refresh_statement(spark, env, family, ledger, releases_dir, written=written) if write else None
 
 
 def after_official_releases(spark, *, env: Any, releases: Sequence[tuple[str, ...]], principal: str, ledger: Any,
-                            releases_dir: str | Path) -> dict[str, Path]:
+                            releases_dir: str | Path,
+                            written: Optional[Mapping[str, dict[str, Any]]] = None) -> dict[str, Path]:
     """:func:`after_official_release` for a batch: every (family, release id[, series key]),
     in publication order, versioned in ONE ledger transaction, then one statement per family.
-    Returns family -> .md path."""
+    Returns family -> .md path. ``written``: as there."""
     from dp_spark.background import alongside
     from dp_spark.governance.statement import load_release_summaries, summary_cache_dir
     from dp_spark.governance.versions import adopt_published, published_path_for, record_publications
@@ -133,14 +137,15 @@ def after_official_releases(spark, *, env: Any, releases: Sequence[tuple[str, ..
         try:
             for f in families:
                 summaries[f] = load_release_summaries(spark, family=f, releases_path=f"{env.output_root}/{f}",
-                                                      cache_dir=summary_cache_dir(statement_dir(env)))
+                                                      cache_dir=summary_cache_dir(statement_dir(env)),
+                                                  written=written)
         except Exception:
             pass
 
     with alongside(read_summaries, name="dp_spark-statement-inputs"):
         adopt_published(ledger, spark, published_path_for(env.output_root))  # (once, from an older deployment)
         record_publications(ledger, releases, principal)
-    return {family: _refresh_statement(spark, env, family, ledger, releases_dir, summaries.get(family))
+    return {family: _refresh_statement(spark, env, family, ledger, releases_dir, summaries.get(family), written)
             for family in families}
 
 

@@ -1079,7 +1079,8 @@ def _empty_creation(commit: dict[str, Any]) -> bool:
 
 
 def load_release_summaries(spark, *, family: str, releases_path: str,
-                           cache_dir: Optional[str | os.PathLike] = None) -> list[dict[str, Any]]:
+                           cache_dir: Optional[str | os.PathLike] = None,
+                           written: Optional[Mapping[str, dict[str, Any]]] = None) -> list[dict[str, Any]]:
     """The release summaries of a statement (one per official release of ``family``): they
     depend on the release table only, not on the version records. One aggregation over the
     family's rows, at one version of the table.
@@ -1093,7 +1094,12 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
     the retention, an ``OPTIMIZE``, any other writer, a commit the log no longer holds, a table
     made again) and the whole table is read. Without a cache, a table of at most
     :data:`SUMMARY_CACHE_RECENT` commits that dp_spark created empty (:func:`_empty_creation`)
-    is read the same way from its creation."""
+    is read the same way from its creation.
+
+    ``written``: release id -> the summary (:func:`summarise_release_rows`) of rows this process
+    wrote to the table itself, in a write that landed (the engine's, kept from its publish).
+    Such a release added since the cache is not read back when its commit added exactly that
+    summary's number of rows; any other is read as above."""
     from pyspark.sql import functions as F
 
     from dp_spark.delta.release_table import recent_commits
@@ -1117,15 +1123,18 @@ def load_release_summaries(spark, *, family: str, releases_path: str,
     rows: Optional[list[dict[str, Any]]] = None
     how = "the whole table read"
     if added is not None:
-        read = _summarise_added(df, added)
+        known = {rid: dict(written[rid]) for rid in added
+                 if written and rid in written and written[rid].get("cells") == added[rid]}
+        read = [*known.values(), *_summarise_added(df, {rid: n for rid, n in added.items() if rid not in known})]
         cells: dict[str, int] = {}
         for r in read:
             cells[r["release_id"]] = cells.get(r["release_id"], 0) + r["cells"]
         if cells == added:
             rows = [s for s in cached["summaries"] if s["release_id"] not in added] + read
-            how = (f"{len(added)} release(s) read, the rest from the cache of version {cached['version']}"
+            n_read = f"{len(added) - len(known)} release(s) read" + (f", {len(known)} as written" if known else "")
+            how = (f"{n_read}, the rest from the cache of version {cached['version']}"
                    if cached["timestamp"] is not None else
-                   f"{len(added)} release(s) read (every commit since the table's creation is a release write)")
+                   f"{n_read} (every commit since the table's creation is a release write)")
         else:  # a commit wrote rows of another release id: read everything
             how += " (a commit's rows are not its release's)"
     if rows is None:
@@ -1144,11 +1153,14 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
                               releases_path: str, out_dir: str | os.PathLike,
                               force: bool = False, now: Optional[datetime] = None,
                               summaries: Optional[list[dict[str, Any]]] = None,
-                              lease_seconds: Optional[float] = None) -> tuple[dict[str, Any], Path, Path]:
+                              lease_seconds: Optional[float] = None,
+                              written: Optional[Mapping[str, dict[str, Any]]] = None,
+                              ) -> tuple[dict[str, Any], Path, Path]:
     """Read the specs, tables and ledger, build the statement, write it. Returns (dict, json, md).
 
     ``summaries``: the family's :func:`load_release_summaries`, when the caller read them
-    already (after the family's last release write); read here otherwise. ``lease_seconds``:
+    already (after the family's last release write); read here otherwise (``written``: see
+    :func:`load_release_summaries`). ``lease_seconds``:
     how long an unversioned release stays *pending* after its commit (see the module docstring).
 
     Concurrent runs of the family each write the statement; the last write must not be a
@@ -1164,7 +1176,7 @@ def build_and_write_statement(spark, *, family: str, ledger: Any, releases_dir: 
     for _attempt in range(REBUILDS):
         if summaries is None:
             summaries = load_release_summaries(spark, family=family, releases_path=releases_path,
-                                               cache_dir=summary_cache_dir(out_dir))
+                                               cache_dir=summary_cache_dir(out_dir), written=written)
         d = privacy_statement(family, specs, ledger, summaries, pub, now=now, lease_seconds=lease_seconds)
         j, m = write_statement(out_dir, d, force=force)
         again = history(ledger, family)
