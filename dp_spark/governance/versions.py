@@ -300,26 +300,39 @@ def _recorded_count(head: Optional[dict[str, Any]]) -> Optional[int]:
         return None
 
 
+#: path -> the count of version changes this process last found ``_published`` refreshed at,
+#: or refreshed it at (see :func:`refresh_published`)
+_KNOWN_COUNT: dict[str, int] = {}
+
+
 def refresh_published(ledger: Any, spark: SparkSession, path: str) -> bool:
     """Rewrite the derived ``_published`` table from the ledger's version record when it is
     behind (its latest commit records an older count of version changes, or is not a refresh);
     a no-op while the ledger has no version. One overwrite commit with Delta's idempotent-write
     options (``txnVersion`` = the count), so of two refreshes the one planned from the older
-    state never lands after the newer one. Returns whether it wrote."""
+    state never lands after the newer one. Returns whether it wrote (or, when the table was
+    behind, tried to: Delta skips a write another refresh made obsolete meanwhile).
+
+    The table's latest commit is read only to skip a refresh that has nothing to do: when this
+    process refreshed the table at a count the ledger has passed since, the rewrite is due
+    anyway (the options above keep it from undoing a newer one), and the read is saved."""
     for _ in range(_ATTEMPTS):
         count, records = ledger.versions_snapshot()
         if count == 0:
             return False
-        head = latest_commit(spark, path)
-        done = _recorded_count(head)
-        if done is not None and done >= count:
-            return False
+        known = _KNOWN_COUNT.get(path)
+        if known is None or count <= known:
+            done = _recorded_count(latest_commit(spark, path))
+            if done is not None and done >= count:
+                _KNOWN_COUNT[path] = done
+                return False
         df = spark.createDataFrame([tuple(_row(v)[f.name] for f in PUBLISHED_SCHEMA.fields) for v in records],
                                    PUBLISHED_SCHEMA).coalesce(1)
         try:
             (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
              .option("txnAppId", TXN_APP_ID).option("txnVersion", count)
              .option("userMetadata", json.dumps({_META_KEY: count})).save(path))
+            _KNOWN_COUNT[path] = count
             return True
         except Exception as exc:
             if not is_concurrent_change(exc):

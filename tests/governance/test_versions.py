@@ -186,6 +186,35 @@ def test_the_derived_table_follows_the_ledger_and_skips_what_it_has(spark, paths
     assert h[2]["reason"] == "bad" and h[1]["state"] == "current"
 
 
+def test_a_refresh_this_process_knows_is_due_reads_no_commit(spark, paths, ledger, monkeypatch):
+    """Once this process refreshed the table at count c, a ledger past c means a rewrite is
+    due: the table's latest commit is not read (a refresh of every release saves that read).
+    At c or below it is read, and a table another process brought further is left alone."""
+    from dp_spark.governance import versions as V
+
+    pub, _ = paths
+    record_publication(ledger, "dau", "r1", "bob")
+    assert refresh_published(ledger, spark, pub) is True
+    reads: list[str] = []
+    real = V.latest_commit
+    monkeypatch.setattr(V, "latest_commit", lambda s, p: reads.append(p) or real(s, p))
+    record_publication(ledger, "dau", "r2", "bob")
+    assert refresh_published(ledger, spark, pub) is True and reads == []
+    assert _table(spark, pub) == _ledger_rows(ledger)
+    assert refresh_published(ledger, spark, pub) is False and reads == [pub]  # up to date: read, no commit
+    # another process refreshed at a later count than this one's rewrite: that rewrite (due by
+    # what this process knew, so nothing read) is skipped by Delta, the other's rows stay
+    V._KNOWN_COUNT[pub] = 1
+    record_publication(ledger, "aov", "a1", "bob")
+    count, records = ledger.versions_snapshot()
+    theirs = [tuple(V._row(v)[f.name] for f in PUBLISHED_SCHEMA.fields) for v in records]
+    theirs = [r[:4] + ("theirs",) + r[5:] for r in theirs]  # (reason: told apart from ours)
+    (spark.createDataFrame(theirs, PUBLISHED_SCHEMA).write.format("delta").mode("overwrite")
+     .option("txnAppId", V.TXN_APP_ID).option("txnVersion", count + 1).save(pub))
+    assert refresh_published(ledger, spark, pub) is True and reads == [pub]
+    assert {r[4] for r in _table(spark, pub)} == {"theirs"}
+
+
 def test_a_refresh_planned_from_an_older_state_never_lands_after_a_newer_one(spark, paths, ledger):
     """Two refreshes race: the one that read the ledger first commits last. Delta's idempotent
     options (``txnVersion`` = the ledger's change count) skip it, so the table keeps the newer
