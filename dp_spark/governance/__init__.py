@@ -138,7 +138,7 @@ def after_official_releases(spark, *, env: Any, releases: Sequence[tuple[str, ..
             for f in families:
                 summaries[f] = load_release_summaries(spark, family=f, releases_path=f"{env.output_root}/{f}",
                                                       cache_dir=summary_cache_dir(statement_dir(env)),
-                                                  written=written)
+                                                      written=written)
         except Exception:
             pass
 
