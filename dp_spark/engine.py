@@ -721,14 +721,16 @@ class Engine:
           is committed (once). Noisy values stay in driver memory until the write commits."""
         from dp_spark.backends.spark import collect_query_partials, total_where
         from dp_spark.delta.release_table import (ConcurrentReleaseWrite, ensure_release_table, read_release,
-                                                  release_present, write_release)
+                                                  stream_points, write_release)
         from dp_spark.statistics.stream import stream_id_for
 
         spec, plan, snapshot, policy = validated.spec, validated.plan, validated.snapshot, validated.policy
         release_id, path = validated.release_id, validated.path
         sid = stream_id_for(spec, self.mode)
-        # 1. this point already written? (a rerun: no charge, no new noise)
-        if release_present(self.spark, path, release_id):
+        # 1. this point already written? (a rerun: no charge, no new noise). The same read
+        # gives the days the stream's releases wrote (step 4)
+        points = stream_points(self.spark, path, spec.family, self.mode, sid, release_id)
+        if release_id in points:
             self._commit_stream(sid)  # heals a run killed between its write and the commit
             self._audit(spec, "cache_hit", release_id, None)
             self._record(spec, release_id)
@@ -775,8 +777,10 @@ class Engine:
             del noisy
         # only the points not written yet (and the release's own last day): an earlier point is
         # the same sum of the same stored nodes in every release, so the table grows by the new
-        # days only; readers see the whole stream through the days' versions (series_view)
-        written = self._stream_points_written(spec, path, sid)
+        # days only; readers see the whole stream through the days' versions (series_view). The
+        # days are those read at step 1: a concurrent run's point written since is written
+        # again here, with the same numbers (the same stored nodes), as with a read at this step
+        written = self._stream_points_written(spec, points)
         last = spec.key_sets[0].values[-1]
         cells = [c for c in cells if c["key"] == last or c["key"] not in written]
         stream_note = {"stream_id": sid, "horizon_days": plan.horizon, "start": spec.stream.start,
@@ -805,16 +809,15 @@ class Engine:
         return self._result(spec, release_id, path, "published", mine,
                             charge=charged, note=f"stream point {plan.days} of {plan.horizon}")
 
-    def _stream_points_written(self, spec: ReleaseSpec, path: str, sid: str) -> set:
-        """The days of stream ``sid`` written by its releases that are not withdrawn."""
-        from dp_spark.delta.release_table import stream_points_written
-
-        withdrawn: list[str] = []
+    def _stream_points_written(self, spec: ReleaseSpec, points: dict[str, set]) -> set:
+        """The days written by the stream's releases that are not withdrawn (``points``: release id
+        -> its days, :func:`~dp_spark.delta.release_table.stream_points`)."""
+        withdrawn: set[str] = set()
         if self.mode == "official":
             from dp_spark.governance.versions import history
 
-            withdrawn = [v["release_id"] for v in history(self.ledger, spec.family) if v["state"] == "withdrawn"]
-        return stream_points_written(self.spark, path, spec.family, self.mode, sid, exclude=withdrawn)
+            withdrawn = {v["release_id"] for v in history(self.ledger, spec.family) if v["state"] == "withdrawn"}
+        return {day for rid, days in points.items() if rid not in withdrawn for day in days}
 
     def _commit_stream(self, sid: str) -> None:
         """Commit the stream's ledger entry once one of its points is written (idempotent)."""

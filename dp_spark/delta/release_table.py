@@ -22,7 +22,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -479,26 +479,30 @@ def release_present(spark: SparkSession, path: str, release_id: str) -> bool:
                                    .select("release_id").limit(1).collect()) > 0)
 
 
-def stream_points_written(spark: SparkSession, path: str, family: str, mode: str, stream_id: str,
-                          exclude: Sequence[str] = ()) -> set[str]:
-    """The keys (days) of stream ``stream_id`` already written to the release table by any of
-    its releases (of ``family`` in ``mode``; the stream is named in each row's charge_json),
-    leaving out the releases ``exclude`` (withdrawn ones). Metadata columns only, never values.
-    The keys come back without a ``distinct``: a stream's rows are at most a row per statistic
-    for each point of its horizon (``MAX_HORIZON_DAYS``) plus each release's own last day, and
-    the plain scan saves the distinct's shuffle (a stream refresh ran 19 Spark jobs, now 18)."""
+def stream_points(spark: SparkSession, path: str, family: str, mode: str, stream_id: str,
+                  release_id: str) -> dict[str, set[str]]:
+    """One read for a stream's refresh: release id -> the keys (days) its rows hold, for every
+    release of stream ``stream_id`` in the release table (rows of ``family`` in ``mode`` whose
+    charge_json names the stream), and for ``release_id`` whatever its rows are (so
+    ``release_id in stream_points(...)`` is :func:`release_present`). {} when there is no table.
+    Metadata columns only, never values. No ``distinct``: a stream's rows are at most a row per
+    statistic for each point of its horizon (``MAX_HORIZON_DAYS``) plus each release's own last
+    day, and the plain scan saves the distinct's shuffle. The engine asks once, before the
+    point's charge and aggregation, both whether the point is written and which days its
+    stream's releases wrote (it writes only the others): one Spark job where there were two."""
     if delta_schema(spark, path) is None:
-        return set()
+        return {}
 
-    def keys():
-        df = spark.read.format("delta").load(path).where(
-            (F.col("release_family") == family) & (F.col("mode") == mode)
-            & (F.get_json_object(F.col("charge_json"), "$.stream.stream_id") == F.lit(stream_id)))
-        if exclude:
-            df = df.where(~F.col("release_id").isin(list(exclude)))
-        return {r["key"] for r in df.select("key").collect()}
+    def points():
+        in_stream = ((F.col("release_family") == family) & (F.col("mode") == mode)
+                     & (F.get_json_object(F.col("charge_json"), "$.stream.stream_id") == F.lit(stream_id)))
+        out: dict[str, set[str]] = {}
+        for r in (spark.read.format("delta").load(path).where(in_stream | (F.col("release_id") == release_id))
+                  .select("release_id", "key").collect()):
+            out.setdefault(r["release_id"], set()).add(r["key"])
+        return out
 
-    return _read(path, keys)
+    return _read(path, points)
 
 
 def latest_release_id(spark: SparkSession, path: str, family: str, exclude: Optional[str] = None) -> Optional[str]:

@@ -268,6 +268,32 @@ def test_a_refresh_killed_after_its_nodes_heals_with_the_same_nodes(spark, tmp_p
     print(f"killed after {killed:.1f}s; the test in {time.monotonic() - t0:.1f}s")
 
 
+def test_a_withdrawn_point_is_written_again_by_the_next_refresh(spark, tmp_path):
+    """A refresh writes only the days no release of its stream wrote, leaving out the withdrawn
+    releases: after a rollback of day 2's point, day 3's refresh writes days 2 and 3 (the
+    same numbers for day 2: the same stored nodes), not day 1; nothing is charged again."""
+    from dp_spark.governance.versions import history, rollback
+
+    env_file, spec = _stream_env(spark, tmp_path, 3)
+    eng = local_engine(spark, env_file, source=SeededNoiseSource(5))
+    first, second = daily_refresh(eng, spec, D[0]), daily_refresh(eng, spec, D[1])
+    withdrawn, restored = rollback(eng.ledger, NAME, "admin", "a check", series_key=D[1].isoformat())
+    assert (withdrawn, restored) == (second.release_id, None)
+    third = daily_refresh(eng, spec, D[2])
+    assert (third.status, third.charge) == ("published", None)
+    rows = _table(spark, env_file)
+    days = {}
+    for r in rows:
+        days.setdefault(r["release_id"], set()).add(r["key"])
+    assert days == {first.release_id: {D[0].isoformat()}, second.release_id: {D[1].isoformat()},
+                    third.release_id: {D[1].isoformat(), D[2].isoformat()}}
+    value = {(r["release_id"], r["statistic"], r["key"]): r["value"] for r in rows}
+    for stat in ("buyers", "orders", "revenue"):  # the withdrawn day's point, written again: the same sum
+        assert value[(third.release_id, stat, D[1].isoformat())] == value[(second.release_id, stat, D[1].isoformat())]
+    assert [v["state"] for v in history(eng.ledger, NAME)] == ["current", "withdrawn", "current"]
+    assert len(eng.ledger.entries(BUDGET)) == 1 and eng.ledger.status(BUDGET).spent == RHO
+
+
 def _table_or_empty(spark, env_file: Path) -> list:
     try:
         return _table(spark, env_file)

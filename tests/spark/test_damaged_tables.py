@@ -51,6 +51,7 @@ def test_no_table_is_none(spark, tmp_path):
         assert not W.table_exists(spark, p)
         assert W.read_release(spark, p, "r1") == []
         assert not W.release_present(spark, p, "r1")
+        assert W.stream_points(spark, p, "fam", "official", "s1", "r1") == {}
         assert W.latest_release_id(spark, p, "fam") is None
 
 
@@ -77,6 +78,7 @@ def test_damaged_log_raises_naming_the_path(spark, release_table, tmp_path, kind
     _damage(kind, path2)
     reads = {"read_release": lambda: W.read_release(spark, path2, "r1"),
              "release_present": lambda: W.release_present(spark, path2, "r1"),
+             "stream_points": lambda: W.stream_points(spark, path2, "fam", "official", "s1", "r1"),
              "latest_release_id": lambda: W.latest_release_id(spark, path2, "fam")}
     for name, call in reads.items():  # a read never answers "nothing there"
         with pytest.raises(W.UnreadableTableError) as exc:

@@ -172,3 +172,33 @@ def test_arrow_cells_frame_equals_the_row_by_row_frame(spark, tmp_path):
     W.write_release(spark, path, rows)
     stored = W.read_release(spark, path, "r_arrow")
     assert W.same_cells(stored, rows) and {r["created_at"] for r in stored} == {rows[0]["created_at"]}
+
+def test_stream_points_reads_the_days_of_one_stream_and_whether_a_release_is_written(spark, tmp_path):
+    """One read answers both questions of a stream's refresh: its own release id's rows (present
+    or not, whatever their charge) and the days each release of THIS stream wrote; rows of
+    another stream, family or mode are not its days."""
+    import json
+
+    path = str(tmp_path / "rel")
+    W.ensure_release_table(spark, path)
+    assert W.stream_points(spark, path, "fam", "official", "s1", "r0") == {}  # an empty table
+
+    def rows(rid, keys, *, stream="s1", family="fam", mode="official"):
+        charge = json.dumps({"stream": {"stream_id": stream}}) if stream else "{}"
+        return [dict(r, key=k, charge_json=charge, release_family=family, mode=mode)
+                for r, k in zip(_rows(rid, 1.0, n=len(keys)), keys)]
+
+    W.write_release(spark, path, rows("a", ["d1"]))
+    W.write_release(spark, path, rows("b", ["d2", "d3"]))
+    W.write_release(spark, path, rows("c", ["d4"], stream="s2"))  # another stream
+    W.write_release(spark, path, rows("d", ["d5"], family="other"))
+    W.write_release(spark, path, rows("e", ["d6"], mode="exploration"))
+    W.write_release(spark, path, rows("f", ["d7"], stream=None))  # not a stream's release
+    assert W.stream_points(spark, path, "fam", "official", "s1", "r0") == {"a": {"d1"}, "b": {"d2", "d3"}}
+    # the release asked about is there whatever its rows say: release_present's answer
+    for rid in ("c", "d", "e", "f", "b"):
+        got = W.stream_points(spark, path, "fam", "official", "s1", rid)
+        assert rid in got and W.release_present(spark, path, rid)
+        assert set(got) - {rid} == {"a", "b"} - {rid}
+    assert "zz" not in W.stream_points(spark, path, "fam", "official", "s1", "zz")
+    assert not W.release_present(spark, path, "zz")
