@@ -1,6 +1,6 @@
 """The coverage table of docs/accuracy.md: every statistic kind x {pure DP, zCDP} x cell sizes
 {10, 20, 50, 200, 1000} x confidence levels {0.5, 0.8, 0.9, 0.95, 0.99}, simulated through the
-engine's own noise and post-processing with the seeded exact sampler (no Spark; a few minutes).
+engine's own noise and post-processing with the seeded exact sampler (no Spark; about a minute).
 
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py           # print the table
     DP_SPARK_TEST_MODE=1 .venv/bin/python benchmarks/coverage.py --write   # and put it in docs/accuracy.md

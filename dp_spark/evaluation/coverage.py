@@ -249,19 +249,54 @@ def _excess(plan, alpha: float, shared_mid: Optional[Fraction] = None) -> float:
     return float(pmf(plan.scale, h)) * (1 if h == 0 else 2)
 
 
-def _noisy_components(plan, partials: dict[str, int], reps: int, source) -> dict:
-    """{component: per cell its noisy value(s), real units}: the engine's noise step
-    (:func:`dp_spark.mechanisms.release.add_noise`, one vector draw per component, as
-    :meth:`~dp_spark.statistics.plan.QueryPlan.noise`) over ``reps`` cells holding ``partials``."""
+def _noisy_components(plan, partials: dict[str, int], reps: int, source) -> tuple[dict, dict]:
+    """({component: per cell its noisy value(s), real units}, {component: its noisy grid
+    integers as an int64 vector over the ``reps`` cells, or None for a histogram or a value
+    beyond int64}): the engine's noise step (:func:`dp_spark.mechanisms.release.add_noise`, one
+    vector draw per component, as :meth:`~dp_spark.statistics.plan.QueryPlan.noise`) over
+    ``reps`` cells holding ``partials``."""
     from dp_spark.mechanisms.release import add_noise
 
-    out = {}
+    out, grids = {}, {}
     for comp, p in zip(plan.components, plan.statistics):
         true = comp.true_values(partials) * reps
-        values = [Fraction(v) * p.grid_unit for v in add_noise(p, true, source)]
+        raw = add_noise(p, true, source)
+        values = [Fraction(v) * p.grid_unit for v in raw]
         w = comp.width
         out[comp] = values if w == 1 else [values[i * w:(i + 1) * w] for i in range(reps)]
-    return out
+        grids[comp] = None
+        if w == 1 and all(-_INT64 < v < _INT64 for v in raw):
+            grids[comp] = np.array(raw, dtype=np.int64)
+    return out, grids
+
+
+_INT64 = 1 << 62
+
+
+def _post_process(kind, stat, noisy: dict, grids: dict, comps, plans, levels, reps: int) -> dict:
+    """One statistic's published columns over the ``reps`` cells at each level, as the engine
+    makes them (:meth:`~dp_spark.statistics.plan.QueryPlan.noise_columns`): the kind's
+    vectorised ``finish_columns`` where it has one for these values, else its per-cell
+    ``finish`` (a cell's levels one after the other: its memoised error figures are computed
+    once). {level: {field: float64 vector, or one value for all cells}}."""
+    alphas = {level: 1 - Fraction(level) for level in levels}
+    out: dict = {}
+    if all(grids[c] is not None for c in comps):
+        for level, alpha in alphas.items():
+            cols = kind.finish_columns(stat, {c: grids[c] for c in comps}, plans, alpha)
+            if cols is None:
+                break
+            out[level] = cols
+        else:
+            return out
+    cells: dict = {level: [] for level in levels}
+    for i in range(reps):
+        mine = {c: noisy[c][i] for c in comps}
+        for level, alpha in alphas.items():
+            cells[level].append(kind.finish(stat, mine, plans, alpha))
+    return {level: {k: np.array([c[k] for c in cells[level]], dtype=np.float64)
+                    for k in ("value", "ci_low", "ci_high", "expected_abs_error", "noise_stddev")}
+            for level in levels}
 
 
 def simulate(measure: str, reps: int = DEFAULT_REPS, seed: int = DEFAULT_SEED,
@@ -270,8 +305,9 @@ def simulate(measure: str, reps: int = DEFAULT_REPS, seed: int = DEFAULT_SEED,
     :data:`SHAPES`). Test mode only (the seeded sampler).
 
     Per size: one noise draw per component over ``reps`` cells (the same draws for every
-    size), then each statistic's own post-processing (``StatisticKind.finish``, what
-    ``QueryPlan.noise`` calls) of each cell at every level."""
+    size), then each statistic's own post-processing at every level, as a release makes it
+    (``QueryPlan.noise_columns``): the kind's vectorised ``finish_columns`` over the cells where
+    it has one, else ``StatisticKind.finish`` cell by cell (the quantile)."""
     from dp_spark.mechanisms.samplers import SeededNoiseSource
     from dp_spark.statistics.base import kind_of
     from dp_spark.statistics.plan import plan_query
@@ -289,20 +325,14 @@ def simulate(measure: str, reps: int = DEFAULT_REPS, seed: int = DEFAULT_SEED,
             truth = bounded_truth(plan, values, partials)
             if source.calls:
                 source.rewind()
-            noisy = _noisy_components(plan, partials, reps, source)
+            noisy, grids = _noisy_components(plan, partials, reps, source)
             for stat, comps in zip(spec.statistics, plan.stat_components):
                 kind, plans = kind_of(stat.kind), {c: plan.plan_of(c) for c in comps}
                 e = Entry(stat.name, measure, n, reps, float(truth[stat.name]))
-                rows = {level: [] for level in levels}
-                alphas = [(level, 1 - Fraction(level)) for level in levels]
-                for i in range(reps):
-                    mine = {c: noisy[c][i] for c in comps}
-                    for level, alpha in alphas:
-                        rows[level].append(kind.finish(stat, mine, plans, alpha))
+                rows = _post_process(kind, stat, noisy, grids, comps, plans, levels, reps)
                 for level in levels:
                     conf = float(level)
-                    v, lo, hi = (np.array([c[k] for c in rows[level]], dtype=np.float64)
-                                 for k in ("value", "ci_low", "ci_high"))
+                    v, lo, hi = (np.asarray(rows[level][k], dtype=np.float64) for k in ("value", "ci_low", "ci_high"))
                     e.cells[level] = (v, lo, hi)
                     e.coverage[level] = float(np.mean((lo <= e.truth) & (e.truth <= hi)))
                     e.upper_band[level] = 1.0
@@ -314,8 +344,8 @@ def simulate(measure: str, reps: int = DEFAULT_REPS, seed: int = DEFAULT_SEED,
                 err = e.cells[levels[0]][0] - e.truth
                 e.measured_abs = float(np.mean(np.abs(err)))
                 e.measured_rms = math.sqrt(float(np.mean(err * err)))
-                e.reported_abs = float(np.mean([c["expected_abs_error"] for c in first]))
-                e.reported_rms = float(np.mean([c["noise_stddev"] for c in first]))
+                e.reported_abs = float(np.mean(np.broadcast_to(np.asarray(first["expected_abs_error"], dtype=np.float64), (reps,))))
+                e.reported_rms = float(np.mean(np.broadcast_to(np.asarray(first["noise_stddev"], dtype=np.float64), (reps,))))
                 entries.append(e)
     order = {k: i for i, k in enumerate(KINDS)}
     return sorted(entries, key=lambda e: (order[e.kind], e.size))

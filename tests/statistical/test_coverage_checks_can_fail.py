@@ -1,5 +1,6 @@
 """The coverage table's checks can fail (fast, not ``slow``): for every statistic kind under both
-measures, the half-width that kind's interval is built from is monkeypatched smaller, and the
+measures, the half-width that kind's interval is built from is monkeypatched smaller (on the
+vectorised path the simulation takes, as a release does, and on the per-cell one), and the
 same small seeded run (:func:`dp_spark.evaluation.coverage.simulate`, 200 releases of a cell of
 50 units at levels 0.8 and 0.95) then fails the coverage check (coverage below nominal - 2 se),
 while the unpatched run passes it. Likewise the error check fails (in a cell of 200 units)
@@ -14,7 +15,9 @@ from fractions import Fraction
 import pytest
 
 from dp_spark.evaluation import coverage
+from dp_spark.mechanisms.release import StatisticPlan
 from dp_spark.statistics import moments, noise, quantile
+from dp_spark.statistics.base import KINDS
 
 REPS, SIZE, LEVELS = 200, 50, ("0.8", "0.95")
 
@@ -28,10 +31,13 @@ def _low(entries, kind: str) -> list[str]:
 
 
 def _shrink_noise_halfwidth(mp, factor):
-    """count, distinct_units, sum alone: the one noise's exact half-width."""
+    """count, distinct_units, sum alone: the one noise's exact half-width (per cell, and on the
+    grid for the vectorised path)."""
     real = noise.halfwidth
     mp.setattr(noise, "halfwidth", lambda plan, alpha: real(plan, alpha) * Fraction(factor))
     mp.setattr(moments, "halfwidth", lambda plan, alpha: real(plan, alpha) * Fraction(factor))
+    real_grid = StatisticPlan.halfwidth_grid
+    mp.setattr(StatisticPlan, "halfwidth_grid", lambda plan, alpha: int(real_grid(plan, alpha) * factor))
 
 
 def _shrink_shared_sum(mp, factor):
@@ -54,6 +60,16 @@ def _shrink_mean(mp, factor):
         return {**out, "ci_low": v - f * (v - out["ci_low"]), "ci_high": v + f * (out["ci_high"] - v)}
 
     mp.setattr(moments, "mean_cell_accuracy", shrunk)
+    real_columns = moments.mean_cell_accuracy_columns
+
+    def shrunk_columns(*args, **kwargs):
+        out = real_columns(*args, **kwargs)
+        if out is None:
+            return None
+        v = out["value"]
+        return {**out, "ci_low": v - factor * (v - out["ci_low"]), "ci_high": v + factor * (out["ci_high"] - v)}
+
+    mp.setattr(moments, "mean_cell_accuracy_columns", shrunk_columns)
 
 
 def _shrink_variance_box(mp, factor):
@@ -122,6 +138,16 @@ def test_the_error_check_fails_on_misreported_errors(honest, monkeypatch, measur
 
     for module in (noise, moments, quantile):
         monkeypatch.setattr(module, "cell", halved)
+    for cls in {type(k) for k in KINDS.values()}:  # the vectorised path: the columns it publishes
+        real_columns = cls.finish_columns
+
+        def halved_columns(self, *args, _real=real_columns):
+            out = _real(self, *args)
+            if out is None:
+                return None
+            return {**out, "noise_stddev": out["noise_stddev"] / 2, "expected_abs_error": out["expected_abs_error"] / 2}
+
+        monkeypatch.setattr(cls, "finish_columns", halved_columns)
     entries = _run(measure, 200)  # a cell where every kind's figures are held to 25%
     for kind in coverage.KINDS:
         mine = [e for e in entries if e.kind == kind]
