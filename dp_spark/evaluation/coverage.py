@@ -252,25 +252,20 @@ def _excess(plan, alpha: float, shared_mid: Optional[Fraction] = None) -> float:
 def _noisy_components(plan, partials: dict[str, int], reps: int, source) -> tuple[dict, dict]:
     """({component: per cell its noisy value(s), real units}, {component: its noisy grid
     integers as an int64 vector over the ``reps`` cells, or None for a histogram or a value
-    beyond int64}): the engine's noise step (:func:`dp_spark.mechanisms.release.add_noise`, one
-    vector draw per component, as :meth:`~dp_spark.statistics.plan.QueryPlan.noise`) over
-    ``reps`` cells holding ``partials``."""
-    from dp_spark.mechanisms.release import add_noise
+    beyond 62 bits}): the engine's noise step (:func:`dp_spark.mechanisms.release.add_noise_array`,
+    one vector draw per component, as :meth:`~dp_spark.statistics.plan.QueryPlan.noise_columns`)
+    over ``reps`` cells holding ``partials``."""
+    from dp_spark.mechanisms.release import add_noise_array
+    from dp_spark.mechanisms.samplers import as_int_array
 
     out, grids = {}, {}
     for comp, p in zip(plan.components, plan.statistics):
-        true = comp.true_values(partials) * reps
-        raw = add_noise(p, true, source)
-        values = [Fraction(v) * p.grid_unit for v in raw]
+        raw = add_noise_array(p, as_int_array(comp.true_values(partials) * reps), source)
+        values = [Fraction(v) * p.grid_unit for v in raw.tolist()]
         w = comp.width
         out[comp] = values if w == 1 else [values[i * w:(i + 1) * w] for i in range(reps)]
-        grids[comp] = None
-        if w == 1 and all(-_INT64 < v < _INT64 for v in raw):
-            grids[comp] = np.array(raw, dtype=np.int64)
+        grids[comp] = raw if w == 1 and raw.dtype == np.int64 else None
     return out, grids
-
-
-_INT64 = 1 << 62
 
 
 def _post_process(kind, stat, noisy: dict, grids: dict, comps, plans, levels, reps: int) -> dict:
